@@ -1,0 +1,93 @@
+// The communication buffer of one rank: peer memory, streams, the error word,
+// and the ops. Usable from C++ alone: raw device pointers and CUDA streams.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "turnout/bootstrap.hpp"
+#include "turnout/cuda_resources.hpp"
+#include "turnout/device_error.hpp"
+#include "turnout/layout.hpp"
+#include "turnout/peer_memory.hpp"
+#include "turnout/topology.hpp"
+
+namespace turnout {
+
+// Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
+double default_timeout_s();
+
+struct BufferOptions {
+  size_t num_nvl_bytes = 0;
+  size_t num_rdma_bytes = 0;
+  bool low_latency_mode = false;
+  double timeout_s = 0;      // <= 0: default_timeout_s()
+  int nvl_domain_size = 0;   // > 0: declare smaller NVL domains than the hosts
+};
+
+class Buffer {
+ public:
+  // Collective: every rank of `bootstrap` constructs its Buffer together, on
+  // the CUDA device current when called.
+  Buffer(Bootstrap& bootstrap, const BufferOptions& options);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Collective: waits for local work, meets the NVL peers (bounded by the
+  // timeout) so none still touches our memory, then frees everything.
+  // Idempotent; the destructor calls it.
+  void destroy();
+  bool destroyed() const { return !nvl_; }
+
+  const Topology& topology() const { return topology_; }
+  int device() const { return device_; }
+  double timeout_s() const { return timeout_s_; }
+  size_t num_nvl_bytes() const { return options_.num_nvl_bytes; }
+  cudaStream_t comm_stream() const { return comm_stream_.get(); }
+  // The user-visible part of this rank's NVL buffer (num_nvl_bytes bytes).
+  void* local_nvl_buffer() const;
+  // Device table of every NVL peer's user-visible buffer (kMaxNvlRanks entries).
+  void* const* peer_nvl_table() const;
+
+  void get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream);
+
+  // Every NVL peer meets here (a device barrier on `stream`, bounded by the
+  // timeout); a peer that never comes leaves a timeout record.
+  void barrier(cudaStream_t stream);
+
+  // Copies `bytes` from `src` into every NVL peer's buffer (this rank's own
+  // too if include_self) at dst_offset + this rank's nvl_rank * bytes, with
+  // 16-byte SM stores on `num_sms` blocks. The NVLink ceiling of the bench.
+  void store_to_peers(const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
+                      cudaStream_t stream);
+  // Reads [src_offset, src_offset + bytes) of every NVL peer's buffer into
+  // dst + nvl_rank * bytes (dst holds num_nvl_ranks * bytes).
+  void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
+
+  // Throws if a kernel left an error record (see DeviceErrorWord::check).
+  void check_errors(const char* op);
+  // Host wait for `stream`, polling the error word; raises TimeoutError if the
+  // GPU has not finished within the timeout (+2 s for the kernels' own).
+  void synchronize(cudaStream_t stream, const char* op);
+
+ private:
+  void require_alive(const char* op) const;
+
+  BufferOptions options_;
+  double timeout_s_;
+  int device_ = 0;
+  Topology topology_;
+  Stream comm_stream_;
+  Event sync_event_;
+  DeviceErrorWord errors_;
+  std::unique_ptr<PeerMemory> nvl_;
+  DeviceMemory peer_user_table_;
+};
+
+// True if this build holds sm_90 machine code.
+bool is_sm90_compiled();
+
+}  // namespace turnout

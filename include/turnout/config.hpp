@@ -1,0 +1,39 @@
+// Tuning of the normal (training/prefill) kernels and the buffer sizes they need.
+#pragma once
+
+#include <cstddef>
+
+namespace turnout {
+
+struct Config {
+  int num_sms = 20;
+  int num_max_nvl_chunked_send_tokens = 6;
+  int num_max_nvl_chunked_recv_tokens = 256;
+  int num_max_rdma_chunked_send_tokens = 6;
+  int num_max_rdma_chunked_recv_tokens = 256;
+
+  Config() = default;
+  // Throws InvalidArgument naming the field if a value is out of range.
+  Config(int num_sms, int nvl_send, int nvl_recv, int rdma_send = 6, int rdma_recv = 256);
+
+  // Bytes of NVL buffer every call made with this config needs. `hidden_bytes`
+  // is the row size of x (hidden * element size).
+  size_t get_nvl_buffer_size_hint(size_t hidden_bytes, int num_ranks) const;
+  // Bytes of RDMA buffer; 0 when the group fits in one NVL domain.
+  size_t get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks) const;
+};
+
+// Largest top-k and the channel group every size hint assumes.
+inline constexpr int kMaxTopk = 32;
+inline constexpr int kMinRanks = 2;
+inline constexpr int kMaxRanks = 160;
+
+// Tuned defaults for a group of `num_ranks` (kMinRanks..kMaxRanks).
+Config get_dispatch_config(int num_ranks, int num_sms);
+Config get_combine_config(int num_ranks, int num_sms);
+
+// Bytes of RDMA (or, on one host, NVL) buffer low-latency mode needs.
+size_t get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden, int num_ranks,
+                                      int num_experts);
+
+}  // namespace turnout

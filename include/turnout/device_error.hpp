@@ -1,0 +1,58 @@
+// Kernels never trap (that would kill the user's CUDA context) and never spin
+// forever: on a timeout or a bad input they write a record into host-mapped
+// memory and return. The host turns the record into an exception.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "turnout/cuda_resources.hpp"
+
+namespace turnout {
+
+enum class DeviceErrorCode : int32_t {
+  kNone = 0,
+  kTimeout = 1,        // sticky: peers are out of step, the buffer is unusable
+  kInvalidExpert = 2,  // cleared once reported: nothing was written for the call
+};
+
+// Which wait timed out (the `where` field of a timeout record).
+enum class WaitSite : int32_t {
+  kBarrier = 1,
+  kDispatchCounts = 2,
+  kDispatchData = 3,
+  kCombineData = 4,
+};
+
+const char* wait_site_name(WaitSite site);
+
+// Layout shared with device code. `claim` lets exactly one thread write the
+// fields; `code` is stored last so a reader that sees it sees the fields.
+struct DeviceErrorRecord {
+  int32_t claim;
+  int32_t code;
+  int32_t rank;    // rank that recorded the error
+  int32_t peer;    // timeout: the peer rank waited for; invalid expert: the slot
+  int32_t where;   // timeout: WaitSite; invalid expert: unused
+  int32_t pad;
+  int64_t detail;  // timeout: elapsed ns; invalid expert: token * 2^32 | value's low bits
+  int64_t value;   // invalid expert: the offending id
+};
+
+class DeviceErrorWord {
+ public:
+  DeviceErrorWord();
+  DeviceErrorRecord* device() const { return device_; }
+  // Throws TimeoutError / InvalidArgument if a kernel left a record; `op` names
+  // the call for the message. Input errors are cleared once thrown.
+  void check(const char* op);
+  bool timed_out() const;
+  void clear();
+
+ private:
+  HostMemory memory_;
+  DeviceErrorRecord* host_ = nullptr;
+  DeviceErrorRecord* device_ = nullptr;
+};
+
+}  // namespace turnout

@@ -1,0 +1,57 @@
+// Exceptions thrown at the API boundary. Each carries enough context to act on
+// (which argument, which rank, which wait) because the caller is usually a
+// training job far from this code.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace turnout {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A caller passed something the op cannot accept; nothing was launched.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A mode or size this build does not provide (yet).
+class NotSupported : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer or the GPU did not answer within the runtime timeout.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A CUDA call failed.
+class CudaError : public Error {
+ public:
+  CudaError(cudaError_t code, const std::string& what) : Error(what), code_(code) {}
+  cudaError_t code() const { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+[[noreturn]] void throw_cuda_error(cudaError_t code, const char* expr, const char* file, int line);
+}  // namespace detail
+
+}  // namespace turnout
+
+#define TURNOUT_CUDA_CHECK(expr)                                                \
+  do {                                                                          \
+    cudaError_t turnout_status_ = (expr);                                       \
+    if (turnout_status_ != cudaSuccess)                                         \
+      ::turnout::detail::throw_cuda_error(turnout_status_, #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,32 @@
+// get_dispatch_layout: from each token's top-k experts, how many tokens go to
+// each rank, RDMA rank and expert, and which ranks each token must reach.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "turnout/device_error.hpp"
+#include "turnout/topology.hpp"
+
+namespace turnout {
+
+struct LayoutArgs {
+  const int64_t* topk_idx = nullptr;  // [num_tokens, num_topk], -1 = empty slot
+  int num_tokens = 0;
+  int num_topk = 0;
+  int num_experts = 0;
+  int32_t* num_tokens_per_rank = nullptr;       // [num_ranks]
+  int32_t* num_tokens_per_rdma_rank = nullptr;  // [num_rdma_ranks], may be null
+  int32_t* num_tokens_per_expert = nullptr;     // [num_experts]
+  bool* is_token_in_rank = nullptr;             // [num_tokens, num_ranks]
+};
+
+// Launches on `stream`. Scalars are checked here (InvalidArgument); expert ids
+// outside [-1, num_experts) are found by the kernel, which skips them (no write
+// outside the outputs) and leaves a record in `errors` that its owner's check()
+// throws; the outputs of such a call are meaningless.
+void get_dispatch_layout(const LayoutArgs& args, const Topology& topology, DeviceErrorRecord* errors,
+                         cudaStream_t stream);
+
+}  // namespace turnout

@@ -1,0 +1,12 @@
+// The whole public C++ API of turnout.
+#pragma once
+
+#include "turnout/bootstrap.hpp"
+#include "turnout/buffer.hpp"
+#include "turnout/config.hpp"
+#include "turnout/cuda_resources.hpp"
+#include "turnout/device_error.hpp"
+#include "turnout/error.hpp"
+#include "turnout/layout.hpp"
+#include "turnout/peer_memory.hpp"
+#include "turnout/topology.hpp"

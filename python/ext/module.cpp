@@ -1,0 +1,154 @@
+// The Python binding: a thin layer over the C++ core. Tensors arrive as raw
+// device pointers (the Python layer has checked them), streams as handles, so a
+// call costs no DLPack conversion and the module links no libtorch.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "reference_bindings.hpp"
+#include "turnout/turnout.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+cudaStream_t stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+void translate_errors(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const turnout::InvalidArgument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const turnout::NotSupported& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what());
+  } catch (const turnout::TimeoutError& e) {
+    PyErr_SetString(PyExc_TimeoutError, e.what());
+  } catch (const turnout::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+// Calls a Python all-gather (bytes -> bytes) from the C++ bootstrap.
+turnout::FunctionBootstrap::AllGather python_all_gather(nb::callable fn) {
+  return [fn](std::span<const std::byte> mine) {
+    nb::bytes out = nb::cast<nb::bytes>(fn(nb::bytes(mine.data(), mine.size())));
+    const auto* data = static_cast<const std::byte*>(out.data());
+    return std::vector<std::byte>(data, data + out.size());
+  };
+}
+
+void bind_config(nb::module_& m) {
+  nb::class_<turnout::Config>(m, "Config")
+      .def(nb::init<int, int, int, int, int>(), "num_sms"_a = 20, "num_max_nvl_chunked_send_tokens"_a = 6,
+           "num_max_nvl_chunked_recv_tokens"_a = 256, "num_max_rdma_chunked_send_tokens"_a = 6,
+           "num_max_rdma_chunked_recv_tokens"_a = 256)
+      .def_ro("num_sms", &turnout::Config::num_sms)
+      .def_ro("num_max_nvl_chunked_send_tokens", &turnout::Config::num_max_nvl_chunked_send_tokens)
+      .def_ro("num_max_nvl_chunked_recv_tokens", &turnout::Config::num_max_nvl_chunked_recv_tokens)
+      .def_ro("num_max_rdma_chunked_send_tokens", &turnout::Config::num_max_rdma_chunked_send_tokens)
+      .def_ro("num_max_rdma_chunked_recv_tokens", &turnout::Config::num_max_rdma_chunked_recv_tokens)
+      .def("get_nvl_buffer_size_hint", &turnout::Config::get_nvl_buffer_size_hint, "hidden_bytes"_a, "num_ranks"_a)
+      .def("get_rdma_buffer_size_hint", &turnout::Config::get_rdma_buffer_size_hint, "hidden_bytes"_a, "num_ranks"_a)
+      .def("__repr__", [](const turnout::Config& c) {
+        return "Config(num_sms=" + std::to_string(c.num_sms) +
+               ", num_max_nvl_chunked_send_tokens=" + std::to_string(c.num_max_nvl_chunked_send_tokens) +
+               ", num_max_nvl_chunked_recv_tokens=" + std::to_string(c.num_max_nvl_chunked_recv_tokens) +
+               ", num_max_rdma_chunked_send_tokens=" + std::to_string(c.num_max_rdma_chunked_send_tokens) +
+               ", num_max_rdma_chunked_recv_tokens=" + std::to_string(c.num_max_rdma_chunked_recv_tokens) + ")";
+      });
+  m.def("get_dispatch_config", &turnout::get_dispatch_config, "num_ranks"_a, "num_sms"_a);
+  m.def("get_combine_config", &turnout::get_combine_config, "num_ranks"_a, "num_sms"_a);
+  m.def("get_low_latency_rdma_size_hint", &turnout::get_low_latency_rdma_size_hint,
+        "num_max_dispatch_tokens_per_rank"_a, "hidden"_a, "num_ranks"_a, "num_experts"_a);
+}
+
+void bind_buffer(nb::module_& m) {
+  using turnout::Buffer;
+  nb::class_<Buffer>(m, "Buffer")
+      .def(
+          "__init__",
+          [](Buffer* self, int rank, int size, nb::callable all_gather, int device, size_t num_nvl_bytes,
+             size_t num_rdma_bytes, bool low_latency_mode, double timeout_s, int nvl_domain_size) {
+            TURNOUT_CUDA_CHECK(cudaSetDevice(device));
+            turnout::FunctionBootstrap bootstrap(rank, size, python_all_gather(std::move(all_gather)));
+            turnout::BufferOptions options;
+            options.num_nvl_bytes = num_nvl_bytes;
+            options.num_rdma_bytes = num_rdma_bytes;
+            options.low_latency_mode = low_latency_mode;
+            options.timeout_s = timeout_s;
+            options.nvl_domain_size = nvl_domain_size;
+            new (self) Buffer(bootstrap, options);
+          },
+          "rank"_a, "size"_a, "all_gather"_a, "device"_a, "num_nvl_bytes"_a, "num_rdma_bytes"_a,
+          "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a)
+      .def_prop_ro("rank", [](const Buffer& b) { return b.topology().rank; })
+      .def_prop_ro("num_ranks", [](const Buffer& b) { return b.topology().num_ranks; })
+      .def_prop_ro("num_nvl_ranks", [](const Buffer& b) { return b.topology().num_nvl_ranks; })
+      .def_prop_ro("num_rdma_ranks", [](const Buffer& b) { return b.topology().num_rdma_ranks(); })
+      .def_prop_ro("device", &Buffer::device)
+      .def_prop_ro("timeout_s", &Buffer::timeout_s)
+      .def_prop_ro("destroyed", &Buffer::destroyed)
+      .def_prop_ro("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); })
+      .def("destroy", &Buffer::destroy, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "local_buffer",
+          [](nb::handle_t<Buffer> self) {
+            Buffer& b = nb::cast<Buffer&>(self);
+            const size_t shape[1] = {b.num_nvl_bytes()};
+            // The tensor keeps the Python Buffer alive, not the memory past destroy().
+            return nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>, nb::device::cuda>(
+                b.local_nvl_buffer(), 1, shape, self, nullptr, nb::dtype<uint8_t>(), nb::device::cuda::value,
+                b.device());
+          },
+          nb::rv_policy::reference)
+      .def(
+          "get_dispatch_layout",
+          [](Buffer& b, uintptr_t topk_idx, int num_tokens, int num_topk, int num_experts, uintptr_t per_rank,
+             uintptr_t per_rdma_rank, uintptr_t per_expert, uintptr_t in_rank, uintptr_t s) {
+            turnout::LayoutArgs a;
+            a.topk_idx = ptr<const int64_t>(topk_idx);
+            a.num_tokens = num_tokens;
+            a.num_topk = num_topk;
+            a.num_experts = num_experts;
+            a.num_tokens_per_rank = ptr<int32_t>(per_rank);
+            a.num_tokens_per_rdma_rank = ptr<int32_t>(per_rdma_rank);
+            a.num_tokens_per_expert = ptr<int32_t>(per_expert);
+            a.is_token_in_rank = ptr<bool>(in_rank);
+            b.get_dispatch_layout(a, stream(s));
+          })
+      .def("barrier", [](Buffer& b, uintptr_t s) { b.barrier(stream(s)); })
+      .def(
+          "synchronize", [](Buffer& b, uintptr_t s, const std::string& op) { b.synchronize(stream(s), op.c_str()); },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("check_errors", [](Buffer& b, const std::string& op) { b.check_errors(op.c_str()); })
+      .def("store_to_peers",
+           [](Buffer& b, uintptr_t src, size_t bytes, size_t dst_offset, bool include_self, int num_sms, uintptr_t s) {
+             b.store_to_peers(ptr<const void>(src), bytes, dst_offset, include_self, num_sms, stream(s));
+           })
+      .def("load_from_peers", [](Buffer& b, uintptr_t dst, size_t bytes, size_t src_offset, int num_sms, uintptr_t s) {
+        b.load_from_peers(ptr<void>(dst), bytes, src_offset, num_sms, stream(s));
+      });
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "turnout's C++ core";
+  nb::register_exception_translator(translate_errors);
+  bind_config(m);
+  bind_buffer(m);
+  m.def("is_sm90_compiled", &turnout::is_sm90_compiled);
+  m.def("default_timeout_s", &turnout::default_timeout_s);
+  nb::module_ ref = m.def_submodule("reference", "Host reference of every op (the test oracle)");
+  turnout::bindings::bind_reference(ref);
+}

@@ -1,0 +1,77 @@
+"""ceiling: every GPU stores to every peer at once with a plain SM kernel. The
+NVLink figure every later result is compared with."""
+import statistics
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..buffer import Buffer
+from ..launch import run_on_local_gpus
+from .progress import Progress
+from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
+from .timing import merge_ranks, time_each
+
+TITLE = (f"ceiling: all GPUs store to all peers at once (SM kernel, 16 B stores), wire bytes per GPU; "
+         f"NVLink raw {NVLINK_RAW_GBPS:.0f} GB/s")
+
+COLUMNS = [
+    column("SMs", "num_sms"),
+    column("MiB/GPU", "bytes_per_gpu", "{:.0f}", scale=2**20),
+    column("time us", "time_us", "{:.1f}"),
+    column("GB/s", "gbps", "{:.1f}"),
+    range_column("GB/s over ranks", "gbps"),
+    column("% of NVLink raw", "pct_of_raw", "{:.1f}"),
+]
+
+SM_COUNTS = (8, 12, 16, 24, 32, 48, 64, 96, 132)
+QUICK_SM_COUNTS = (12, 24, 96)
+
+
+def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
+    """One rank's median store time per SM count (run in every rank's process)."""
+    bytes_per_peer = (64 if quick else 256) << 20
+    sm_counts = QUICK_SM_COUNTS if quick else SM_COUNTS
+    warmup, iters = 5, 5 if quick else 20
+    buffer = Buffer(dist.group.WORLD, num_nvl_bytes=world_size * bytes_per_peer)
+    native = buffer._native
+    if native.num_nvl_ranks < 2:
+        raise RuntimeError("ceiling: needs at least 2 GPUs connected by NVLink")
+    # Random bytes: a zero source could let the hardware take shortcuts.
+    src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    bytes_per_gpu = (native.num_nvl_ranks - 1) * bytes_per_peer
+    progress = Progress(len(sm_counts), "ceiling", enabled=rank == 0)
+    rows = []
+    for num_sms in sm_counts:
+        progress.step(f"{num_sms} SMs")
+        times = time_each(
+            lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream),
+            iters, warmup,
+            # Outside the timed region: every GPU leaves the barrier together, so
+            # each one's stores meet its peers' stores on the links.
+            before=lambda: native.barrier(stream))
+        rows.append({"bench": "ceiling", "num_sms": num_sms, "bytes_per_gpu": bytes_per_gpu,
+                     "time_us": statistics.median(times)})
+    progress.close()
+    return rows
+
+
+def gbps(num_bytes: int, time_us: float) -> float:
+    return num_bytes / (time_us * 1e-6) / 1e9
+
+
+def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
+    rows = merge_ranks(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"), "time_us")
+    for row in rows:
+        # Every rank moves the same bytes: the slowest rank has the lowest bandwidth.
+        row.update(gbps=gbps(row["bytes_per_gpu"], row["time_us"]),
+                   gbps_min=gbps(row["bytes_per_gpu"], row["time_us_max"]),
+                   gbps_max=gbps(row["bytes_per_gpu"], row["time_us_min"]))
+        row["pct_of_raw"] = pct_of_raw(row["gbps"])
+    return rows
+
+
+def plot_series(rows: List[Dict]) -> Dict:
+    return {"x": [r["num_sms"] for r in rows], "y": [r["gbps"] for r in rows], "xlabel": "SMs per GPU",
+            "ylabel": "GB/s per GPU (wire)", "ref": (NVLINK_RAW_GBPS, "NVLink raw")}

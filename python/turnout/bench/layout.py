@@ -1,0 +1,78 @@
+"""layout: get_dispatch_layout for 4096 tokens x top-8 of 256 experts, as a CUDA
+graph (the GPU time) and as one synchronous call (what a caller waits), plus a
+sweep over the token count."""
+import statistics
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..buffer import Buffer
+from ..launch import run_on_local_gpus
+from .progress import Progress
+from .report import column, range_column
+from .timing import merge_ranks, time_each, time_graph
+
+TITLE = "layout: get_dispatch_layout, top-8 of 256 experts (median over ranks; target 15 us at 4096 tokens)"
+
+COLUMNS = [
+    column("tokens", "tokens"),
+    column("topk", "topk"),
+    column("experts", "experts"),
+    column("mode", "mode"),
+    column("time us", "time_us", "{:.2f}"),
+    range_column("us over ranks", "time_us", "{:.2f}"),
+    column("target us", "target_us", "{:.0f}"),
+]
+
+NUM_EXPERTS, NUM_TOPK = 256, 8
+MAIN_TOKENS = 4096
+SWEEP_TOKENS = (128, 1024, 4096, 8192)
+TARGET_US = 15.0
+CALLS_PER_GRAPH = 100
+FLUSH_BYTES = 256 << 20  # well past the 50 MB L2
+
+
+def routing(num_tokens: int) -> torch.Tensor:
+    """Uniform load, as TARGETS.md: the top-k of ``randn().abs() + 1`` scores."""
+    scores = torch.randn(num_tokens, NUM_EXPERTS, device="cuda").abs() + 1
+    return scores.topk(NUM_TOPK, dim=-1).indices
+
+
+def row(num_tokens: int, mode: str, time_us: float) -> Dict:
+    return {"bench": "layout", "tokens": num_tokens, "topk": NUM_TOPK, "experts": NUM_EXPERTS, "mode": mode,
+            "time_us": time_us, "target_us": TARGET_US if num_tokens == MAIN_TOKENS else None}
+
+
+def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
+    """One rank's layout times (run in every rank's process)."""
+    replays = 3 if quick else 10
+    warmup, iters = (10, 50) if quick else (50, 200)
+    torch.manual_seed(rank)
+    buffer = Buffer(dist.group.WORLD)
+    progress = Progress(len(SWEEP_TOKENS) + 1, "layout", enabled=rank == 0)
+    rows = []
+    for num_tokens in SWEEP_TOKENS:
+        progress.step(f"{num_tokens} tokens, graph")
+        topk_idx = routing(num_tokens)
+        # Sync mode is skipped during capture, so the graph holds only the GPU work.
+        per_call = time_graph(lambda: buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS), CALLS_PER_GRAPH, replays)
+        rows.append(row(num_tokens, "graph", per_call))
+
+    progress.step(f"{MAIN_TOKENS} tokens, single call")
+    topk_idx = routing(MAIN_TOKENS)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    times = time_each(lambda: buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS), iters, warmup, before=flush.zero_)
+    rows.append(row(MAIN_TOKENS, "single call", statistics.median(times)))
+    progress.close()
+    return rows
+
+
+def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
+    return merge_ranks(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"), "time_us")
+
+
+def plot_series(rows: List[Dict]) -> Dict:
+    graph = [r for r in rows if r["mode"] == "graph"]
+    return {"x": [r["tokens"] for r in graph], "y": [r["time_us"] for r in graph], "xlabel": "tokens per rank",
+            "ylabel": "us per call (CUDA graph)", "ref": (TARGET_US, "target at 4096 tokens")}

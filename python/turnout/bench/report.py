@@ -1,0 +1,100 @@
+"""What the bench prints and writes: aligned tables, the JSON record, the PNG."""
+import datetime
+import json
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+#: NVLink limit per GPU per direction on the reference host (4x H200, every
+#: pair NV18): 18 NVLink4 links x 26.56 GB/s = 478 GB/s. Bandwidth rows are
+#: given as a percent of it.
+NVLINK_RAW_GBPS = 478.0
+
+Column = Tuple[str, Callable[[Dict], str]]
+
+
+def column(header: str, key: str, fmt: str = "{}", scale: float = 1) -> Column:
+    """A table column showing ``row[key] / scale`` through ``fmt``; "-" when
+    missing or None."""
+    def cell(row: Dict) -> str:
+        value = row.get(key)
+        return "-" if value is None else fmt.format(value / scale if scale != 1 else value)
+    return header, cell
+
+
+def range_column(header: str, key: str, fmt: str = "{:.1f}") -> Column:
+    """``min..max`` over ranks, from the fields ``timing.merge_ranks`` adds."""
+    def cell(row: Dict) -> str:
+        low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
+        return "-" if low is None or high is None else f"{fmt.format(low)}..{fmt.format(high)}"
+    return header, cell
+
+
+def pct_of_raw(gbps: float) -> float:
+    return 100.0 * gbps / NVLINK_RAW_GBPS
+
+
+def format_table(rows: Sequence[Dict], columns: Sequence[Column]) -> str:
+    """Right-aligned columns under a header and a rule."""
+    cells = [[header for header, _ in columns]] + [[cell(row) for _, cell in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(text.rjust(width) for text, width in zip(line, widths)) for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def machine_info() -> Dict:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"gpus": [torch.cuda.get_device_name(i) for i in range(count)], "count": count,
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def record(command: List[str], results: Dict[str, List[Dict]], machine: Dict,
+           errors: Optional[Dict[str, str]] = None) -> Dict:
+    """The JSON document of one run."""
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine, "command": command, "results": results}
+    if errors:
+        doc["errors"] = errors
+    return doc
+
+
+def write_json(doc: Dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def plot(panels: Dict[str, Dict], path: str) -> bool:
+    """One panel per subcommand from its ``plot_series`` dict (``x``, ``y``,
+    ``xlabel``, ``ylabel``, optional ``ref``: a ``(value, label)`` line);
+    returns False, writing nothing, when matplotlib is missing or there is
+    nothing to draw."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    if not panels:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (name, panel) in zip(axes[0], panels.items()):
+        ax.plot(panel["x"], panel["y"], marker="o", label=panel["ylabel"])
+        if panel.get("ref"):
+            value, label = panel["ref"]
+            ax.axhline(value, color="gray", linestyle="--", label=label)
+        ax.set_title(name)
+        ax.set_xlabel(panel["xlabel"])
+        ax.set_ylabel(panel["ylabel"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(panel["x"], [str(x) for x in panel["x"]])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

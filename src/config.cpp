@@ -1,0 +1,102 @@
+#include "turnout/config.hpp"
+
+#include <string>
+
+#include "turnout/error.hpp"
+#include "turnout/topology.hpp"
+
+namespace turnout {
+namespace {
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw InvalidArgument(what);
+}
+
+void require_ranks(int num_ranks, const char* fn) {
+  require(num_ranks >= kMinRanks && num_ranks <= kMaxRanks,
+          std::string(fn) + ": num_ranks must be in [" + std::to_string(kMinRanks) + ", " + std::to_string(kMaxRanks) +
+              "], got " + std::to_string(num_ranks));
+}
+
+// One received token in a ring slot: its row, FP8 scales, top-k and source index.
+size_t token_slot_bytes(size_t hidden_bytes) {
+  return align_up(hidden_bytes, 16) + align_up((hidden_bytes + 127) / 128 * sizeof(float), 16) +
+         kMaxTopk * (sizeof(int32_t) + sizeof(float)) + 16;
+}
+
+}  // namespace
+
+Config::Config(int sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv)
+    : num_sms(sms),
+      num_max_nvl_chunked_send_tokens(nvl_send),
+      num_max_nvl_chunked_recv_tokens(nvl_recv),
+      num_max_rdma_chunked_send_tokens(rdma_send),
+      num_max_rdma_chunked_recv_tokens(rdma_recv) {
+  require(sms >= 2 && sms % 2 == 0, "Config: num_sms must be even and >= 2 (one send and one receive SM per channel), got " +
+                                        std::to_string(sms));
+  require(nvl_send >= 1 && nvl_recv >= 1 && nvl_send <= nvl_recv,
+          "Config: need 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
+              std::to_string(nvl_send) + " and " + std::to_string(nvl_recv));
+  require(rdma_send >= 1 && rdma_recv >= 1 && rdma_send <= rdma_recv,
+          "Config: need 1 <= num_max_rdma_chunked_send_tokens <= num_max_rdma_chunked_recv_tokens, got " +
+              std::to_string(rdma_send) + " and " + std::to_string(rdma_recv));
+}
+
+size_t Config::get_nvl_buffer_size_hint(size_t hidden_bytes, int num_ranks) const {
+  require(hidden_bytes > 0, "get_nvl_buffer_size_hint: hidden_bytes must be > 0");
+  require_ranks(num_ranks, "get_nvl_buffer_size_hint");
+  const size_t nvl_ranks = num_ranks < kMaxNvlRanks ? num_ranks : kMaxNvlRanks;
+  const size_t channels = num_sms / 2;
+  // Per channel and sending peer: a ring of received tokens plus its counters,
+  // and the count matrices exchanged before the data.
+  size_t bytes = channels * nvl_ranks * (num_max_nvl_chunked_recv_tokens * token_slot_bytes(hidden_bytes) + 64);
+  bytes += nvl_ranks * nvl_ranks * sizeof(int32_t) * 4 + channels * nvl_ranks * sizeof(int32_t) * 4;
+  return align_up(bytes, 128);
+}
+
+size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks) const {
+  require(hidden_bytes > 0, "get_rdma_buffer_size_hint: hidden_bytes must be > 0");
+  require_ranks(num_ranks, "get_rdma_buffer_size_hint");
+  if (num_ranks <= kMaxNvlRanks) return 0;
+  const size_t rdma_ranks = num_ranks / kMaxNvlRanks;
+  const size_t channels = num_sms / 2;
+  // Send and receive rings per channel and RDMA peer.
+  size_t bytes = 2 * channels * rdma_ranks * (num_max_rdma_chunked_recv_tokens * token_slot_bytes(hidden_bytes) + 64);
+  bytes += rdma_ranks * kMaxNvlRanks * sizeof(int32_t) * 4;
+  return align_up(bytes, 128);
+}
+
+Config get_dispatch_config(int num_ranks, int num_sms) {
+  require_ranks(num_ranks, "get_dispatch_config");
+  if (num_ranks <= kMaxNvlRanks) return Config(num_sms, 8, 256, 6, 128);
+  return Config(num_sms, 8, 256, 16, 128);
+}
+
+Config get_combine_config(int num_ranks, int num_sms) {
+  require_ranks(num_ranks, "get_combine_config");
+  if (num_ranks <= kMaxNvlRanks) return Config(num_sms, 8, 256, 6, 128);
+  return Config(num_sms, 8, 256, 16, 128);
+}
+
+size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks, int num_experts) {
+  const std::string fn = "get_low_latency_rdma_size_hint: ";
+  require(max_tokens >= 1, fn + "num_max_dispatch_tokens_per_rank must be >= 1, got " + std::to_string(max_tokens));
+  require(hidden >= 128 && hidden % 128 == 0, fn + "hidden must be a positive multiple of 128, got " + std::to_string(hidden));
+  require_ranks(num_ranks, "get_low_latency_rdma_size_hint");
+  require(num_experts > 0 && num_experts % num_ranks == 0,
+          fn + "num_experts must be a positive multiple of num_ranks, got " + std::to_string(num_experts));
+  // A token crosses to each destination rank once, with its weights: header,
+  // row (bf16 at most), FP8 scales, top-k.
+  const size_t message = 16 + align_up(size_t(hidden) * 2, 16) + align_up(size_t(hidden) / 128 * sizeof(float), 16) +
+                         kMaxTopk * (sizeof(int32_t) + sizeof(float));
+  const size_t combine_row = size_t(hidden) * 2;
+  const size_t slots = size_t(num_ranks) * max_tokens;
+  // Two parities (double buffering), each: dispatch receive slots and send
+  // staging, combine receive slots and send staging, and per-rank signals.
+  const size_t per_parity = slots * message + size_t(max_tokens) * message + 2 * slots * combine_row + num_ranks * 64;
+  return align_up(2 * per_parity + 4096, 128);
+}
+
+}  // namespace turnout

@@ -1,0 +1,34 @@
+// Every spin has a deadline. Past it the waiter records which peer and which
+// wait it gave up on and returns false; the kernel then exits normally.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device/error_record.cuh"
+#include "kernels/device/memory_order.cuh"
+#include "kernels/wait_context.hpp"
+
+namespace turnout::device {
+
+using kernels::WaitContext;
+
+// Spins until `ready()` holds. Returns false on timeout (recorded) or when
+// another thread already recorded an error.
+template <typename Ready>
+__device__ __forceinline__ bool bounded_wait(const WaitContext& ctx, int peer, WaitSite site, Ready ready) {
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 0;; ++spin) {
+    if (ready()) return true;
+    if ((spin & 63) == 63) {
+      const uint64_t elapsed = global_timer_ns() - start;
+      if (error_recorded(ctx.errors)) return false;
+      if (elapsed > ctx.timeout_ns) {
+        record_error(ctx.errors, DeviceErrorCode::kTimeout, ctx.rank, peer, static_cast<int>(site),
+                     static_cast<int64_t>(elapsed), 0);
+        return false;
+      }
+    }
+  }
+}
+
+}  // namespace turnout::device

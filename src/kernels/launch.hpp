@@ -1,0 +1,34 @@
+// Host-callable launchers of the kernels. The ops layer validates arguments
+// before calling these; they only size the grid and launch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/wait_context.hpp"
+#include "turnout/layout.hpp"
+
+namespace turnout::kernels {
+
+struct LayoutParams {
+  LayoutArgs args;
+  int num_ranks;
+  int num_nvl_ranks;
+  int rank;
+  DeviceErrorRecord* errors;
+};
+void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
+
+// `control` is the device table of every NVL peer's control region.
+void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, int first_peer_rank,
+                    const WaitContext& ctx, cudaStream_t stream);
+
+// `peers`: device table of NVL peers' user buffers.
+void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
+                           size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);
+void launch_load_from_peers(void* const* peers, int num_nvl_ranks, void* dst, size_t bytes, size_t src_offset,
+                            int num_sms, cudaStream_t stream);
+
+}  // namespace turnout::kernels

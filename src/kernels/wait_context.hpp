@@ -1,0 +1,17 @@
+// What a kernel needs to give up on a wait: where to record it, after how
+// long, and who it is. Plain data, passed by value to kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "turnout/device_error.hpp"
+
+namespace turnout::kernels {
+
+struct WaitContext {
+  DeviceErrorRecord* errors;
+  uint64_t timeout_ns;
+  int rank;
+};
+
+}  // namespace turnout::kernels

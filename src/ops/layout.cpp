@@ -1,0 +1,41 @@
+// get_dispatch_layout: argument checks, then the kernel.
+#include <string>
+
+#include "kernels/launch.hpp"
+#include "turnout/config.hpp"
+#include "turnout/error.hpp"
+#include "turnout/layout.hpp"
+
+namespace turnout {
+namespace {
+
+// Counters live in one block's shared memory.
+constexpr int kMaxLayoutCounters = 48 * 1024 / sizeof(int32_t);
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw InvalidArgument("get_dispatch_layout: " + what);
+}
+
+}  // namespace
+
+void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorRecord* errors,
+                         cudaStream_t stream) {
+  const int num_ranks = topology.num_ranks;
+  require(a.num_tokens >= 0, "num_tokens must be >= 0, got " + std::to_string(a.num_tokens));
+  require(a.num_topk >= 1 && a.num_topk <= kMaxTopk,
+          "num_topk must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(a.num_topk));
+  require(a.num_experts > 0 && a.num_experts % num_ranks == 0,
+          "num_experts must be a positive multiple of the number of ranks (" + std::to_string(num_ranks) +
+              "), got " + std::to_string(a.num_experts));
+  require(a.num_tokens == 0 || (a.topk_idx && a.is_token_in_rank), "topk_idx and is_token_in_rank must be non-null");
+  require(a.num_tokens_per_rank && a.num_tokens_per_expert,
+          "num_tokens_per_rank and num_tokens_per_expert must be non-null");
+  const int counters = a.num_experts + num_ranks + topology.num_rdma_ranks();
+  if (counters > kMaxLayoutCounters)
+    throw NotSupported("get_dispatch_layout: " + std::to_string(a.num_experts) + " experts and " +
+                       std::to_string(num_ranks) + " ranks exceed the " + std::to_string(kMaxLayoutCounters) +
+                       " counters one block holds");
+  kernels::launch_dispatch_layout({a, num_ranks, topology.num_nvl_ranks, topology.rank, errors}, stream);
+}
+
+}  // namespace turnout

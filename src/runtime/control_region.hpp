@@ -1,0 +1,20 @@
+// The head of every rank's NVL allocation: signals the kernels of this library
+// exchange. The user-visible buffer starts kControlBytes after it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "turnout/topology.hpp"
+
+namespace turnout {
+
+struct ControlRegion {
+  uint32_t barrier_arrivals[kMaxNvlRanks];  // [i]: barriers NVL peer i has reached, ever
+  uint32_t barrier_epoch;                   // barriers this rank has completed
+};
+
+inline constexpr size_t kControlBytes = 4096;
+static_assert(sizeof(ControlRegion) <= kControlBytes);
+
+}  // namespace turnout

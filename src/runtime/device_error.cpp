@@ -1,0 +1,58 @@
+#include "turnout/device_error.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "turnout/error.hpp"
+
+namespace turnout {
+
+const char* wait_site_name(WaitSite site) {
+  switch (site) {
+    case WaitSite::kBarrier: return "barrier";
+    case WaitSite::kDispatchCounts: return "dispatch: receive counts";
+    case WaitSite::kDispatchData: return "dispatch: token data";
+    case WaitSite::kCombineData: return "combine: token data";
+  }
+  return "unknown wait";
+}
+
+DeviceErrorWord::DeviceErrorWord() : memory_(allocate_host_mapped(sizeof(DeviceErrorRecord))) {
+  host_ = static_cast<DeviceErrorRecord*>(memory_.get());
+  std::memset(host_, 0, sizeof(DeviceErrorRecord));
+  void* d = nullptr;
+  TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&d, host_, 0));
+  device_ = static_cast<DeviceErrorRecord*>(d);
+}
+
+bool DeviceErrorWord::timed_out() const {
+  return __atomic_load_n(&host_->code, __ATOMIC_ACQUIRE) == static_cast<int32_t>(DeviceErrorCode::kTimeout);
+}
+
+void DeviceErrorWord::clear() {
+  std::memset(host_, 0, sizeof(DeviceErrorRecord));
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void DeviceErrorWord::check(const char* op) {
+  const int32_t code = __atomic_load_n(&host_->code, __ATOMIC_ACQUIRE);
+  if (code == 0) return;
+  const DeviceErrorRecord rec = *host_;
+  switch (static_cast<DeviceErrorCode>(code)) {
+    case DeviceErrorCode::kTimeout:
+      throw TimeoutError(std::string(op) + ": rank " + std::to_string(rec.rank) + " timed out after " +
+                         std::to_string(rec.detail / 1000000) + " ms waiting for rank " + std::to_string(rec.peer) +
+                         " (" + wait_site_name(static_cast<WaitSite>(rec.where)) +
+                         "); the peer never arrived, this buffer is no longer usable: create a new one");
+    case DeviceErrorCode::kInvalidExpert: {
+      clear();
+      throw InvalidArgument(std::string(op) + ": topk_idx[" + std::to_string(rec.detail) + ", " +
+                            std::to_string(rec.peer) + "] = " + std::to_string(rec.value) +
+                            " is outside [-1, num_experts)");
+    }
+    default:
+      throw Error(std::string(op) + ": unknown device error code " + std::to_string(code));
+  }
+}
+
+}  // namespace turnout

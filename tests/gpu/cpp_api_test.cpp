@@ -1,0 +1,151 @@
+// The C++ API alone, no Python: one process per GPU bootstrapped over TCP,
+// get_dispatch_layout against the host reference, and peer stores and loads
+// across every pair. Exit status 0 when every rank passed.
+//
+//   turnout_gpu_cpp_test [num_ranks] [port]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "turnout/reference.hpp"
+#include "turnout/turnout.hpp"
+
+namespace {
+
+#define EXPECT(cond, ...)                                      \
+  do {                                                         \
+    if (!(cond)) {                                             \
+      std::fprintf(stderr, "rank %d: check failed: %s: ", rank, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                       \
+      std::fprintf(stderr, "\n");                              \
+      return 1;                                                \
+    }                                                          \
+  } while (0)
+
+int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
+  const int num_ranks = buffer.topology().num_ranks;
+  const int num_tokens = 4096, num_topk = 8, num_experts = 64 * num_ranks;
+  std::mt19937_64 rng(1234 + rank);
+  std::vector<int64_t> topk(num_tokens * num_topk);
+  for (auto& e : topk) e = static_cast<int64_t>(rng() % (num_experts + 1)) - 1;  // -1 included
+
+  const int counters = num_ranks + num_experts;
+  void *d_topk = nullptr, *d_counts = nullptr, *d_in_rank = nullptr;
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_topk, topk.size() * sizeof(int64_t)));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_counts, counters * sizeof(int32_t)));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_in_rank, num_tokens * num_ranks));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(d_topk, topk.data(), topk.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+
+  turnout::LayoutArgs args;
+  args.topk_idx = static_cast<const int64_t*>(d_topk);
+  args.num_tokens = num_tokens;
+  args.num_topk = num_topk;
+  args.num_experts = num_experts;
+  args.num_tokens_per_rank = static_cast<int32_t*>(d_counts);
+  args.num_tokens_per_expert = static_cast<int32_t*>(d_counts) + num_ranks;
+  args.is_token_in_rank = static_cast<bool*>(d_in_rank);
+  buffer.get_dispatch_layout(args, stream);
+  buffer.synchronize(stream, "get_dispatch_layout");
+
+  std::vector<int32_t> counts(counters);
+  std::vector<uint8_t> in_rank(num_tokens * num_ranks);
+  TURNOUT_CUDA_CHECK(cudaMemcpy(counts.data(), d_counts, counters * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(in_rank.data(), d_in_rank, in_rank.size(), cudaMemcpyDeviceToHost));
+  cudaFree(d_topk);
+  cudaFree(d_counts);
+  cudaFree(d_in_rank);
+
+  const auto ref = turnout::reference::get_dispatch_layout(topk, num_tokens, num_topk, num_ranks, num_experts,
+                                                           buffer.topology().num_nvl_ranks);
+  for (int r = 0; r < num_ranks; ++r)
+    EXPECT(counts[r] == ref.num_tokens_per_rank[r], "num_tokens_per_rank[%d] = %d, reference %d", r, counts[r],
+           ref.num_tokens_per_rank[r]);
+  for (int e = 0; e < num_experts; ++e)
+    EXPECT(counts[num_ranks + e] == ref.num_tokens_per_expert[e], "num_tokens_per_expert[%d] = %d, reference %d", e,
+           counts[num_ranks + e], ref.num_tokens_per_expert[e]);
+  EXPECT(in_rank == ref.is_token_in_rank, "is_token_in_rank differs from the reference");
+  return 0;
+}
+
+int check_peer_memory(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
+  const int n = buffer.topology().num_nvl_ranks;
+  const size_t bytes = buffer.num_nvl_bytes() / n / 16 * 16;
+  auto pattern = [](int r, size_t i) { return static_cast<uint8_t>((i * 131 + r * 17 + (i >> 9)) & 0xff); };
+  std::vector<uint8_t> mine(bytes);
+  for (size_t i = 0; i < bytes; ++i) mine[i] = pattern(rank, i);
+  void *src = nullptr, *dst = nullptr;
+  TURNOUT_CUDA_CHECK(cudaMalloc(&src, bytes));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&dst, bytes * n));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(src, mine.data(), bytes, cudaMemcpyHostToDevice));
+
+  buffer.store_to_peers(src, bytes, 0, true, 16, stream);
+  buffer.barrier(stream);
+  buffer.synchronize(stream, "store_to_peers");
+  // Peer p's buffer holds every rank's pattern; read peer p's copy of rank q's.
+  std::vector<uint8_t> got(bytes * n);
+  for (int q = 0; q < n; ++q) {
+    buffer.load_from_peers(dst, bytes, q * bytes, 16, stream);
+    buffer.synchronize(stream, "load_from_peers");
+    TURNOUT_CUDA_CHECK(cudaMemcpy(got.data(), dst, bytes * n, cudaMemcpyDeviceToHost));
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < bytes; ++i)
+        EXPECT(got[p * bytes + i] == pattern(q, i), "peer %d's copy of rank %d's bytes differs at %zu", p, q, i);
+  }
+  buffer.barrier(stream);
+  buffer.synchronize(stream, "barrier");
+  cudaFree(src);
+  cudaFree(dst);
+  return 0;
+}
+
+int run_rank(int rank, int num_ranks, uint16_t port) {
+  try {
+    TURNOUT_CUDA_CHECK(cudaSetDevice(rank));
+    turnout::TcpBootstrap bootstrap(rank, num_ranks, "127.0.0.1", port, std::chrono::seconds(60));
+    turnout::BufferOptions options;
+    options.num_nvl_bytes = size_t(num_ranks) << 20;
+    turnout::Buffer buffer(bootstrap, options);
+    cudaStream_t stream = buffer.comm_stream();
+    if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream)) return 1;
+    buffer.destroy();
+    std::printf("rank %d: ok\n", rank);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int num_ranks = 0;
+  if (argc > 1) {
+    num_ranks = std::atoi(argv[1]);
+  } else if (cudaGetDeviceCount(&num_ranks) != cudaSuccess) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  const uint16_t port = argc > 2 ? static_cast<uint16_t>(std::atoi(argv[2])) : 29611;
+  if (num_ranks < 1) return 1;
+  // Fork before any CUDA call in this process: children own their GPUs.
+  std::vector<pid_t> children;
+  for (int r = 0; r < num_ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(run_rank(r, num_ranks, port));
+    children.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::printf("%d passed, %d failed\n", num_ranks - failed, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,175 @@
+"""get_dispatch_layout against the host reference, bitwise: routings of every
+shape, NVL domains smaller than the group, the stream options and CUDA graphs."""
+import itertools
+import zlib
+
+import torch
+
+import routing
+import turnout
+from harness import assert_equal
+
+NVL_BYTES = 1 << 20
+KINDS = ("uniform", "one_expert", "skip_rank", "holes")
+TOKENS = (1, 4096, 8192)
+TOPKS = (1, 6, 8)
+
+
+def generator(*key) -> torch.Generator:
+    """A fresh generator whose seed depends only on `key` (rank, group size, case)."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def experts_for(n: int):
+    return (8 * n, 64, 256)  # all multiples of n for n in 2, 4, 8
+
+
+def make_routing(kind: str, num_tokens: int, num_experts: int, num_topk: int, n: int, gen, device):
+    if kind == "skip_rank":
+        return routing.skip_rank(num_tokens, num_experts, num_topk, n, gen, device)
+    return getattr(routing, kind)(num_tokens, num_experts, num_topk, gen, device)
+
+
+def check_layout(out, topk_idx, num_ranks: int, num_experts: int, num_nvl_ranks: int, what: str) -> None:
+    per_rank, per_rdma, per_expert, in_rank, _ = out
+    ref_rank, ref_rdma, ref_expert, ref_in_rank = turnout._C.reference.get_dispatch_layout(
+        topk_idx.cpu().numpy(), num_ranks, num_experts, num_nvl_ranks)
+    assert per_rank.dtype == per_expert.dtype == torch.int32, f"{what}: count dtypes {per_rank.dtype}, {per_expert.dtype}"
+    assert in_rank.dtype == torch.bool, f"{what}: is_token_in_rank dtype {in_rank.dtype}"
+    assert_equal(per_rank, ref_rank, f"{what}: num_tokens_per_rank")
+    assert_equal(per_expert, ref_expert, f"{what}: num_tokens_per_expert")
+    assert_equal(in_rank, ref_in_rank.astype(bool), f"{what}: is_token_in_rank")
+    if num_nvl_ranks == num_ranks:
+        assert per_rdma is None, f"{what}: num_tokens_per_rdma_rank must be None in one NVL domain"
+    else:
+        assert per_rdma is not None and per_rdma.dtype == torch.int32, f"{what}: num_tokens_per_rdma_rank {per_rdma}"
+        assert_equal(per_rdma, ref_rdma, f"{what}: num_tokens_per_rdma_rank")
+
+
+def test_layout_matches_reference(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            cases = itertools.product(KINDS, TOKENS, TOPKS, experts_for(n))
+            for case, (kind, num_tokens, num_topk, num_experts) in enumerate(cases):
+                gen = generator("layout", n, ctx.rank, case)
+                topk_idx = make_routing(kind, num_tokens, num_experts, num_topk, n, gen, ctx.device)
+                what = f"n={n} {kind} T={num_tokens} K={num_topk} E={num_experts}"
+                check_layout(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, n, what)
+        finally:
+            buf.destroy()
+
+
+def test_layout_with_a_rank_of_zero_tokens(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            for case, (num_topk, num_experts) in enumerate(itertools.product(TOPKS, experts_for(n))):
+                # One rank (a different one per case) has no tokens; the others 4096.
+                num_tokens = 0 if ctx.rank == case % n else 4096
+                gen = generator("zero", n, ctx.rank, case)
+                topk_idx = routing.uniform(num_tokens, num_experts, num_topk, gen, ctx.device)
+                out = buf.get_dispatch_layout(topk_idx, num_experts)
+                what = f"n={n} T={num_tokens} K={num_topk} E={num_experts}"
+                assert tuple(out[3].shape) == (num_tokens, n), f"{what}: is_token_in_rank shape {tuple(out[3].shape)}"
+                check_layout(out, topk_idx, n, num_experts, n, what)
+        finally:
+            buf.destroy()
+
+
+def test_layout_with_nvl_domains_of_two(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if n < 4 or g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True, nvl_domain_size=2)
+        try:
+            for case, kind in enumerate(KINDS):
+                gen = generator("domains", n, ctx.rank, case)
+                topk_idx = make_routing(kind, 4096, 64, 8, n, gen, ctx.device)
+                out = buf.get_dispatch_layout(topk_idx, 64)
+                assert out[1] is not None and tuple(out[1].shape) == (n // 2,), f"n={n} {kind}: rdma counts {out[1]}"
+                check_layout(out, topk_idx, n, 64, 2, f"n={n} nvl_domain_size=2 {kind}")
+        finally:
+            buf.destroy()
+
+
+def late_routing(host: torch.Tensor, device) -> torch.Tensor:
+    """`host` copied to the GPU on a side stream that first sleeps, with the
+    event of the copy: an op that does not wait for it reads garbage."""
+    topk_idx = torch.full(host.shape, -1, dtype=torch.int64, device=device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        topk_idx.copy_(host, non_blocking=True)
+        event = turnout.Buffer.capture()
+    return topk_idx, event
+
+
+def test_layout_stream_options(ctx):
+    num_tokens, num_topk, num_experts = 4096, 8, 64
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            routings = [routing.uniform(num_tokens, num_experts, num_topk, generator("streams", n, ctx.rank, i), "cpu")
+                        for i in range(3)]
+
+            # async_finish: an event to wait for, on the communication stream.
+            topk_idx = routings[0].to(ctx.device)
+            out = buf.get_dispatch_layout(topk_idx, num_experts, async_finish=True)
+            assert out[4].event is not None, "async_finish=True must return an event"
+            out[4].current_stream_wait()
+            check_layout(out, routings[0], n, num_experts, n, f"n={n} async_finish")
+
+            # previous_event: the op waits for a write made on another stream.
+            topk_idx, event = late_routing(routings[1].pin_memory(), ctx.device)
+            out = buf.get_dispatch_layout(topk_idx, num_experts, previous_event=event)
+            assert out[4].event is None, "a synchronous op returns no event"
+            check_layout(out, routings[1], n, num_experts, n, f"n={n} previous_event")
+
+            # All three: the outputs belong to the communication stream.
+            topk_idx, event = late_routing(routings[2].pin_memory(), ctx.device)
+            out = buf.get_dispatch_layout(topk_idx, num_experts, previous_event=event, async_finish=True,
+                                          allocate_on_comm_stream=True)
+            assert out[4].event is not None, "async_finish=True must return an event"
+            out[4].current_stream_wait()
+            assert torch.cuda.current_stream() != buf.get_comm_stream(), "the caller's stream must be restored"
+            check_layout(out, routings[2], n, num_experts, n, f"n={n} allocate_on_comm_stream")
+        finally:
+            buf.destroy()
+
+
+def test_layout_in_cuda_graph(ctx):
+    num_tokens, num_topk, num_experts = 4096, 8, 64
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            topk_idx = routing.uniform(num_tokens, num_experts, num_topk, generator("graph", n, ctx.rank), ctx.device)
+            buf.get_dispatch_layout(topk_idx, num_experts)  # warm-up outside the graph
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = buf.get_dispatch_layout(topk_idx, num_experts)
+            # Each replay sees a new routing through the same input tensor.
+            for replay, kind in enumerate(KINDS * 2):
+                gen = generator("graph", n, ctx.rank, replay)
+                new = make_routing(kind, num_tokens, num_experts, num_topk, n, gen, "cpu")
+                topk_idx.copy_(new)
+                graph.replay()
+                torch.cuda.synchronize()
+                check_layout(out, new, n, num_experts, n, f"n={n} graph replay {replay} ({kind})")
+        finally:
+            buf.destroy()

@@ -1,0 +1,48 @@
+"""Peer-mapped NVL memory: SM stores into every peer and SM loads from every
+peer land where they should, for every pair of ranks."""
+import zlib
+
+import torch
+
+import turnout
+from harness import assert_equal
+
+# Not a power of two, so the copy loops' last partial round is exercised.
+BYTES_PER_RANK = (1 << 20) + 16 * 37
+NUM_SMS = 8
+
+
+def rank_bytes(rank: int, n: int) -> torch.Tensor:
+    """What rank `rank` stores in a group of n; every rank can rebuild it."""
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(("peer", n, rank)).encode()))
+    return torch.randint(0, 256, (BYTES_PER_RANK,), generator=gen, dtype=torch.uint8)
+
+
+def test_store_to_and_load_from_every_peer(ctx):
+    B = BYTES_PER_RANK
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        srcs = [rank_bytes(p, n) for p in range(n)]
+        buf = turnout.Buffer(g, num_nvl_bytes=n * B, explicitly_destroy=True)
+        try:
+            stream = torch.cuda.current_stream().cuda_stream
+            src = srcs[ctx.rank].to(ctx.device)
+            # Each rank writes its bytes into slot `rank` of every buffer, its own included.
+            buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream)
+            buf._barrier()
+            local = buf.get_local_buffer_tensor(torch.uint8)[:n * B].view(n, B)
+            for p in range(n):
+                assert_equal(local[p], srcs[p], f"n={n}: slot {p} of rank {ctx.rank}'s buffer (stored by rank {p})")
+
+            # Slot p read from every peer q must hold rank p's bytes.
+            dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)
+            for p in range(n):
+                dst.fill_(0xA5)  # a stale read from the previous round would not pass
+                buf._native.load_from_peers(dst.data_ptr(), B, p * B, NUM_SMS, stream)
+                torch.cuda.synchronize()
+                for q, got in enumerate(dst.view(n, B)):
+                    assert_equal(got, srcs[p], f"n={n}: rank {ctx.rank} read slot {p} of rank {q}'s buffer")
+        finally:
+            buf.destroy()
