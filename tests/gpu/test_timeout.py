@@ -1,0 +1,104 @@
+"""A peer that never comes raises a TimeoutError naming it instead of a hang;
+the job can then build a new buffer. The timeout's sources: argument, env."""
+import contextlib
+import os
+import time
+import zlib
+
+import torch
+
+import routing
+import turnout
+from harness import assert_equal, assert_raises
+
+TIMEOUT_S = 1.0
+HOST_GRACE_S = 2.0  # the host's margin over the kernels' own timeout
+
+
+def generator(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def test_absent_peer_times_out_at_barrier(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        absent = n - 1
+        buf = None
+        if g is not None:
+            buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=TIMEOUT_S)
+            if ctx.rank != absent:
+                start = time.monotonic()
+                assert_raises(TimeoutError, buf._barrier, f"rank {absent}", "barrier")
+                elapsed = time.monotonic() - start
+                assert 0.9 * TIMEOUT_S <= elapsed <= TIMEOUT_S + HOST_GRACE_S, \
+                    f"n={n}: the barrier gave up after {elapsed:.2f} s, timeout_s is {TIMEOUT_S}"
+
+        # The absent rank frees its buffer while the others' mappings are still
+        # valid; then the others, whose destroy must skip the meeting that
+        # the absent rank will never join.
+        ctx.all_gather(None)
+        if buf is not None and ctx.rank == absent:
+            buf.destroy()
+        ctx.all_gather(None)
+        if buf is not None and ctx.rank != absent:
+            start = time.monotonic()
+            buf.destroy()
+            elapsed = time.monotonic() - start
+            assert elapsed < TIMEOUT_S, f"n={n}: destroy after a timeout took {elapsed:.2f} s (it waited for peers)"
+        ctx.all_gather(None)
+
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=TIMEOUT_S)
+        try:
+            buf._barrier()
+            topk_idx = routing.uniform(256, 8 * n, 4, generator("after timeout", n, ctx.rank), ctx.device)
+            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
+            ref = turnout._C.reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
+            assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after a timeout")
+            assert_equal(per_expert, ref[2], f"n={n}: num_tokens_per_expert after a timeout")
+            assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after a timeout")
+        finally:
+            buf.destroy()
+
+
+test_absent_peer_times_out_at_barrier.timeout = 120
+
+
+def test_timeout_from_environment(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        with environment("TURNOUT_TIMEOUT_S", "2.5"):
+            buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True)
+            try:
+                assert buf._native.timeout_s == 2.5, f"timeout_s {buf._native.timeout_s} with TURNOUT_TIMEOUT_S=2.5"
+            finally:
+                buf.destroy()
+            # The argument wins over the environment.
+            buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=7.0)
+            try:
+                assert buf._native.timeout_s == 7.0, f"timeout_s {buf._native.timeout_s} with timeout_s=7.0"
+            finally:
+                buf.destroy()
+        # Fails before any collective, on every rank alike.
+        with environment("TURNOUT_TIMEOUT_S", "abc"):
+            assert_raises(ValueError, lambda: turnout.Buffer(g, num_nvl_bytes=1 << 20), "TURNOUT_TIMEOUT_S")
+        assert os.environ.get("TURNOUT_TIMEOUT_S") != "abc", "the environment must be restored"
+
+
+test_timeout_from_environment.timeout = 120
