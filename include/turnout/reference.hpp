@@ -109,7 +109,8 @@ struct NormalCombineInput {
   std::vector<uint16_t> bias1;         // second bias of a tuple; empty = none
 };
 
-// Exact-ish fp64 sums; round with double_to_bf16 to get what the GPU should store.
+// fp64 sums (exact for a few bf16 terms); double_to_bf16 gives what the GPU should store,
+// up to its fp32 accumulation.
 struct NormalCombineResult {
   std::vector<double> combined_x;             // [T, H]: sum over receiving ranks + biases
   std::vector<double> combined_topk_weights;  // [T, K], when num_topk > 0
@@ -135,8 +136,8 @@ struct LowLatencyParams {
   int num_experts = 0;                       // E
   int num_topk = 0;                          // K
   bool use_fp8 = false;
-  bool round_scale = false;                  // fp8 only
-  bool use_ue8m0 = false;                    // fp8 only; needs round_scale
+  bool round_scale = false;                  // used only with use_fp8
+  bool use_ue8m0 = false;                    // used only with use_fp8; always needs round_scale
 };
 
 // The rows one local expert received, compact (no padding to M*R). Canonical order:

@@ -11,8 +11,6 @@
 // all lengths agree; peer sends its bytes; root answers a frame with all.
 // The root checks lengths before any payload moves, so a mismatch leaves no
 // unread bytes behind and the peers get the root's explanation intact.
-#include "turnout/bootstrap.hpp"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -30,6 +28,7 @@
 #include <system_error>
 #include <thread>
 
+#include "turnout/bootstrap.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
@@ -71,9 +70,13 @@ T get_be(const unsigned char* p) {
   return v;
 }
 
-std::string who(int rank) { return "TcpBootstrap rank " + std::to_string(rank) + ": "; }
+std::string who(int rank) {
+  return "TcpBootstrap rank " + std::to_string(rank) + ": ";
+}
 
-std::string errno_text(int err) { return std::generic_category().message(err); }
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
 
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
@@ -89,18 +92,16 @@ std::string addr_text(const sockaddr_in& addr) {
 
 [[noreturn]] void throw_timeout(const Ctx& c, const char* step, const std::vector<int>& silent,
                                 const std::string& detail = "") {
-  throw TimeoutError(who(c.rank) + "timed out after " + std::to_string(c.timeout.count()) +
-                     " ms in " + step + "; not heard from " + ranks_text(silent) + detail);
+  throw TimeoutError(who(c.rank) + "timed out after " + std::to_string(c.timeout.count()) + " ms in " + step +
+                     "; not heard from " + ranks_text(silent) + detail);
 }
 
 // Turns an I/O helper's result into the exception for this step and peer.
 [[noreturn]] void throw_io(const Ctx& c, int code, const char* step, int peer) {
   if (code == kTimedOut) throw_timeout(c, step, {peer});
   if (code == kClosed)
-    throw Error(who(c.rank) + "rank " + std::to_string(peer) + " closed the connection during " +
-                step);
-  throw Error(who(c.rank) + step + " with rank " + std::to_string(peer) +
-              " failed: " + errno_text(code));
+    throw Error(who(c.rank) + "rank " + std::to_string(peer) + " closed the connection during " + step);
+  throw Error(who(c.rank) + step + " with rank " + std::to_string(peer) + " failed: " + errno_text(code));
 }
 
 Clock::time_point deadline_after(milliseconds timeout) {
@@ -217,8 +218,7 @@ void close_all(int& listen_fd, std::vector<int>& peers) {
   peers.clear();
 }
 
-int send_frame(int fd, uint32_t status, std::span<const std::byte> body,
-               Clock::time_point deadline) {
+int send_frame(int fd, uint32_t status, std::span<const std::byte> body, Clock::time_point deadline) {
   unsigned char head[kFrameBytes];
   put_be<uint32_t>(head, status);
   put_be<uint64_t>(head + 4, body.size());
@@ -229,8 +229,7 @@ int send_frame(int fd, uint32_t status, std::span<const std::byte> body,
 // Best effort and never waits: a peer that cannot take the text now learns
 // of the failure from the closed socket instead.
 void send_abort(int fd, const Error& e) {
-  const uint32_t status =
-      dynamic_cast<const TimeoutError*>(&e) != nullptr ? kStatusTimeout : kStatusError;
+  const uint32_t status = dynamic_cast<const TimeoutError*>(&e) != nullptr ? kStatusTimeout : kStatusError;
   const size_t len = std::min<size_t>(std::strlen(e.what()), kMaxMessageBytes);
   std::vector<unsigned char> frame(kFrameBytes + len);
   put_be<uint32_t>(frame.data(), status);
@@ -243,18 +242,20 @@ void send_abort(int fd, const Error& e) {
 // failure instead, rethrows it here with the same type.
 void read_frame(const Ctx& c, int fd, const char* step, uint64_t expected) {
   unsigned char head[kFrameBytes];
-  if (const int rc = read_exact(fd, head, sizeof head, c.deadline); rc != 0)
-    throw_io(c, rc, step, 0);
+  const int rc = read_exact(fd, head, sizeof head, c.deadline);
+  // The root stays silent while any rank is missing, so point the reader at
+  // the root's error rather than at the root.
+  if (rc == kTimedOut)
+    throw_timeout(c, step, {0}, " (it answers once every rank has arrived; its error names any missing)");
+  if (rc != 0) throw_io(c, rc, step, 0);
   const uint32_t status = get_be<uint32_t>(head);
   const uint64_t length = get_be<uint64_t>(head + 4);
   if (status == kStatusOk && length == expected) return;
   if (status == kStatusOk || length > kMaxMessageBytes)
-    throw Error(who(c.rank) + "protocol error in " + step + ": rank 0 announced " +
-                std::to_string(length) + " bytes with status " + std::to_string(status) +
-                ", expected " + std::to_string(expected));
+    throw Error(who(c.rank) + "protocol error in " + step + ": rank 0 announced " + std::to_string(length) +
+                " bytes with status " + std::to_string(status) + ", expected " + std::to_string(expected));
   std::string text(length, '\0');
-  if (const int rc = read_exact(fd, text.data(), text.size(), c.deadline); rc != 0)
-    throw_io(c, rc, step, 0);
+  if (const int err = read_exact(fd, text.data(), text.size(), c.deadline); err != 0) throw_io(c, err, step, 0);
   const std::string what = who(c.rank) + step + " aborted by rank 0: " + text;
   if (status == kStatusTimeout) throw TimeoutError(what);
   throw Error(what);
@@ -296,8 +297,7 @@ int connect_with_retry(const Ctx& c, const sockaddr_in& addr) {
     if (rc != kTimedOut) last_err = rc;
     if (Clock::now() >= c.deadline)
       throw_timeout(c, "connect", {0},
-                    " at " + addr_text(addr) +
-                        (last_err ? " (last error: " + errno_text(last_err) + ")" : ""));
+                    " at " + addr_text(addr) + (last_err ? " (last error: " + errno_text(last_err) + ")" : ""));
     std::this_thread::sleep_until(std::min(Clock::now() + backoff, c.deadline));
     backoff = std::min(backoff * 2, milliseconds(500));
   }
@@ -309,8 +309,7 @@ void join_root(const Ctx& c, const sockaddr_in& root, std::vector<int>& peers) {
   put_be<uint32_t>(hello, kMagic);
   put_be<uint32_t>(hello + 4, static_cast<uint32_t>(c.rank));
   put_be<uint32_t>(hello + 8, static_cast<uint32_t>(c.size));
-  if (const int rc = write_exact(peers[0], hello, sizeof hello, c.deadline); rc != 0)
-    throw_io(c, rc, "connect", 0);
+  if (const int rc = write_exact(peers[0], hello, sizeof hello, c.deadline); rc != 0) throw_io(c, rc, "connect", 0);
   // The go-ahead comes once every rank is in, so the constructor is collective.
   read_frame(c, peers[0], "connect", 0);
 }
@@ -320,8 +319,7 @@ int open_listener(const Ctx& c, const sockaddr_in& addr) {
   const int one = 1;
   // SO_REUSEADDR: connections of an earlier job in TIME_WAIT must not block the port.
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(fd, SOMAXCONN) != 0) {
+      bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     close(fd);
     throw Error(who(c.rank) + "cannot listen on " + addr_text(addr) + ": " + errno_text(err));
@@ -349,8 +347,7 @@ int accept_one(const Ctx& c, int listen_fd, const std::vector<int>& peers) {
     const int err = errno;
     // The connection died in the backlog: keep waiting for the next one.
     if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-    if (err != EAGAIN && err != EWOULDBLOCK)
-      throw Error(who(c.rank) + "accept failed: " + errno_text(err));
+    if (err != EAGAIN && err != EWOULDBLOCK) throw Error(who(c.rank) + "accept failed: " + errno_text(err));
     const int rc = wait_fd(listen_fd, POLLIN, c.deadline);
     if (rc == kTimedOut) throw_timeout(c, "accept", missing_ranks(peers));
     if (rc != 0) throw Error(who(c.rank) + "waiting for connections failed: " + errno_text(rc));
@@ -378,8 +375,7 @@ int admit(const Ctx& c, int fd, const std::vector<int>& peers) {
     problem = "rank " + std::to_string(rank) + " was started with size " + std::to_string(size) +
               ", rank 0 with size " + std::to_string(c.size);
   else if (rank == 0 || rank >= size)
-    problem = "a peer claims rank " + std::to_string(rank) + ", outside [1, " +
-              std::to_string(size) + ")";
+    problem = "a peer claims rank " + std::to_string(rank) + ", outside [1, " + std::to_string(size) + ")";
   else if (peers[rank] >= 0)
     problem = "two peers claim rank " + std::to_string(rank) + " (duplicate rank)";
   if (problem.empty()) return static_cast<int>(rank);
@@ -403,14 +399,12 @@ void accept_peers(const Ctx& c, const sockaddr_in& addr, int& listen_fd, std::ve
   close(listen_fd);
   listen_fd = -1;
   for (int r = 1; r < c.size; ++r)
-    if (const int rc = send_frame(peers[r], kStatusOk, {}, c.deadline); rc != 0)
-      throw_io(c, rc, "accept", r);
+    if (const int rc = send_frame(peers[r], kStatusOk, {}, c.deadline); rc != 0) throw_io(c, rc, "accept", r);
 }
 
 // Reads n bytes from every peer at once into dst + rank * n, so that a
 // timeout names every rank still silent, not just the first one.
-void gather_exact(const Ctx& c, const std::vector<int>& peers, unsigned char* dst, size_t n,
-                  const char* step) {
+void gather_exact(const Ctx& c, const std::vector<int>& peers, unsigned char* dst, size_t n, const char* step) {
   std::vector<size_t> got(peers.size(), 0);
   std::vector<int> pending, still;
   std::vector<pollfd> polls;
@@ -443,20 +437,18 @@ void check_lengths(const Ctx& c, const std::vector<unsigned char>& lengths, size
     if (n != mine) differ += "rank " + std::to_string(r) + " passed " + std::to_string(n) + " bytes, ";
   }
   if (!differ.empty())
-    throw Error(who(c.rank) + "all_gather needs the same length on every rank, but " + differ +
-                "rank 0 passed " + std::to_string(mine));
+    throw Error(who(c.rank) + "all_gather needs the same length on every rank, but " + differ + "rank 0 passed " +
+                std::to_string(mine));
 }
 
 // If this throws, the next thing every peer reads is a frame header, so the
 // caller can send them the reason.
-std::vector<std::byte> root_collect(const Ctx& c, const std::vector<int>& peers,
-                                    std::span<const std::byte> mine) {
+std::vector<std::byte> root_collect(const Ctx& c, const std::vector<int>& peers, std::span<const std::byte> mine) {
   std::vector<unsigned char> lengths(static_cast<size_t>(c.size) * kLengthBytes);
   gather_exact(c, peers, lengths.data(), kLengthBytes, "all_gather");
   check_lengths(c, lengths, mine.size());
   for (int r = 1; r < c.size; ++r)
-    if (const int rc = send_frame(peers[r], kStatusOk, {}, c.deadline); rc != 0)
-      throw_io(c, rc, "all_gather", r);
+    if (const int rc = send_frame(peers[r], kStatusOk, {}, c.deadline); rc != 0) throw_io(c, rc, "all_gather", r);
   std::vector<std::byte> all(static_cast<size_t>(c.size) * mine.size());
   std::copy(mine.begin(), mine.end(), all.begin());
   gather_exact(c, peers, reinterpret_cast<unsigned char*>(all.data()), mine.size(), "all_gather");
@@ -465,22 +457,18 @@ std::vector<std::byte> root_collect(const Ctx& c, const std::vector<int>& peers,
 
 void root_broadcast(const Ctx& c, const std::vector<int>& peers, std::span<const std::byte> all) {
   for (int r = 1; r < c.size; ++r)
-    if (const int rc = send_frame(peers[r], kStatusOk, all, c.deadline); rc != 0)
-      throw_io(c, rc, "all_gather", r);
+    if (const int rc = send_frame(peers[r], kStatusOk, all, c.deadline); rc != 0) throw_io(c, rc, "all_gather", r);
 }
 
 std::vector<std::byte> peer_exchange(const Ctx& c, int fd, std::span<const std::byte> mine) {
   unsigned char length[kLengthBytes];
   put_be<uint64_t>(length, mine.size());
-  if (const int rc = write_exact(fd, length, sizeof length, c.deadline); rc != 0)
-    throw_io(c, rc, "all_gather", 0);
+  if (const int rc = write_exact(fd, length, sizeof length, c.deadline); rc != 0) throw_io(c, rc, "all_gather", 0);
   read_frame(c, fd, "all_gather", 0);
-  if (const int rc = write_exact(fd, mine.data(), mine.size(), c.deadline); rc != 0)
-    throw_io(c, rc, "all_gather", 0);
+  if (const int rc = write_exact(fd, mine.data(), mine.size(), c.deadline); rc != 0) throw_io(c, rc, "all_gather", 0);
   std::vector<std::byte> all(static_cast<size_t>(c.size) * mine.size());
   read_frame(c, fd, "all_gather", all.size());
-  if (const int rc = read_exact(fd, all.data(), all.size(), c.deadline); rc != 0)
-    throw_io(c, rc, "all_gather", 0);
+  if (const int rc = read_exact(fd, all.data(), all.size(), c.deadline); rc != 0) throw_io(c, rc, "all_gather", 0);
   return all;
 }
 
@@ -503,19 +491,16 @@ void run_step(int rank, int& listen_fd, std::vector<int>& peers, bool notify, St
   }
 }
 
-void validate(int rank, int size, const std::string& root_host, uint16_t port,
-              milliseconds timeout) {
+void validate(int rank, int size, const std::string& root_host, uint16_t port, milliseconds timeout) {
   const std::string me = "TcpBootstrap: ";
   if (size < 1) throw InvalidArgument(me + "size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
-    throw InvalidArgument(me + "rank must be in [0, size) = [0, " + std::to_string(size) +
-                          "), got " + std::to_string(rank));
-  if (port == 0)
-    throw InvalidArgument(me + "port must be in [1, 65535], got 0 (every rank must know it)");
+    throw InvalidArgument(me + "rank must be in [0, size) = [0, " + std::to_string(size) + "), got " +
+                          std::to_string(rank));
+  if (port == 0) throw InvalidArgument(me + "port must be in [1, 65535], got 0 (every rank must know it)");
   if (root_host.empty()) throw InvalidArgument(me + "root_host is empty");
   if (timeout.count() <= 0)
-    throw InvalidArgument(me + "timeout must be positive, got " +
-                          std::to_string(timeout.count()) + " ms");
+    throw InvalidArgument(me + "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
 }
 
 }  // namespace
@@ -535,17 +520,17 @@ TcpBootstrap::TcpBootstrap(int rank, int size, const std::string& root_host, uin
   });
 }
 
-TcpBootstrap::~TcpBootstrap() { close_all(listen_fd_, peer_fds_); }
+TcpBootstrap::~TcpBootstrap() {
+  close_all(listen_fd_, peer_fds_);
+}
 
 std::vector<std::byte> TcpBootstrap::all_gather(std::span<const std::byte> mine) {
   if (size_ == 1) return {mine.begin(), mine.end()};
-  if (peer_fds_.empty())
-    throw Error(who(rank_) + "unusable after an earlier failure; create a new TcpBootstrap");
+  if (peer_fds_.empty()) throw Error(who(rank_) + "unusable after an earlier failure; create a new TcpBootstrap");
   const Ctx c{rank_, size_, timeout_, deadline_after(timeout_)};
   std::vector<std::byte> all;
   if (rank_ != 0) {
-    run_step(rank_, listen_fd_, peer_fds_, false,
-             [&] { all = peer_exchange(c, peer_fds_[0], mine); });
+    run_step(rank_, listen_fd_, peer_fds_, false, [&] { all = peer_exchange(c, peer_fds_[0], mine); });
     return all;
   }
   run_step(rank_, listen_fd_, peer_fds_, true, [&] { all = root_collect(c, peer_fds_, mine); });

@@ -1,12 +1,14 @@
 // Bootstrap tests over loopback. Each rank is a TcpBootstrap object on its own
 // thread; every test uses a fresh port so tests cannot disturb each other.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -114,8 +116,7 @@ TEST(TcpBootstrapTest, AllGatherOfManySizesRepeated) {
     for (int repeat = 0; repeat < 3; ++repeat)
       for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20, size_t{0}}) {
         const auto got = boot.all_gather(payload(rank, n, round));
-        EXPECT_TRUE(got == expected_gather(kSize, n, round))
-            << "rank " << rank << " n " << n << " round " << round;
+        EXPECT_TRUE(got == expected_gather(kSize, n, round)) << "rank " << rank << " n " << n << " round " << round;
         ++round;
       }
   });
@@ -157,6 +158,52 @@ TEST(TcpBootstrapTest, BarrierWaitsForTheLastRank) {
   expect_no_errors(errors);
   EXPECT_GT(waited[0], 0.3);
   EXPECT_GT(waited[1], 0.3);
+}
+
+TEST(TcpBootstrapTest, SignalsDoNotBreakWaits) {
+  // No SA_RESTART, so every blocking call in the ranks can return EINTR.
+  struct sigaction quiet {};
+  quiet.sa_handler = [](int) {};
+  struct sigaction old {};
+  ASSERT_EQ(sigaction(SIGUSR1, &quiet, &old), 0);
+
+  constexpr int kSize = 3;
+  const uint16_t port = free_port();
+  std::vector<pthread_t> ids(kSize);
+  std::vector<std::exception_ptr> errors(kSize);
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<bool> release{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r)
+    threads.emplace_back([&, r] {
+      ids[static_cast<size_t>(r)] = pthread_self();
+      ++started;
+      try {
+        if (r == 0) std::this_thread::sleep_for(300ms);  // others wait in connect meanwhile
+        TcpBootstrap boot(r, kSize, "127.0.0.1", port, 20s);
+        for (int round = 0; round < 4; ++round) {
+          // The others now sit in poll() waiting for rank 2.
+          if (r == 2) std::this_thread::sleep_for(50ms);
+          EXPECT_TRUE(boot.all_gather(payload(r, 1 << 20, round)) == expected_gather(kSize, 1 << 20, round));
+        }
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+      ++finished;
+      // Stay alive until the signals stop: pthread_kill needs a live thread.
+      while (!release) std::this_thread::sleep_for(1ms);
+    });
+  while (started < kSize) std::this_thread::yield();
+  int volleys = 0;
+  for (; finished < kSize; ++volleys) {
+    for (pthread_t id : ids) pthread_kill(id, SIGUSR1);
+    std::this_thread::sleep_for(200us);
+  }
+  release = true;
+  for (auto& t : threads) t.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  expect_no_errors(errors);
+  EXPECT_GT(volleys, 100);
 }
 
 TEST(TcpBootstrapTest, SizeOneNeedsNoSockets) {
@@ -204,8 +251,7 @@ TEST(TcpBootstrapTest, MismatchedLengthsFailOnEveryRankWithoutHanging) {
     EXPECT_NE(what.find("rank 1 passed 8 bytes"), std::string::npos) << what;
     EXPECT_NE(what.find("rank 0 passed 4"), std::string::npos) << what;
     EXPECT_EQ(what.find("timed out"), std::string::npos) << what;
-    EXPECT_NE(message_of<turnout::Error>(later[static_cast<size_t>(r)], r).find("unusable"),
-              std::string::npos);
+    EXPECT_NE(message_of<turnout::Error>(later[static_cast<size_t>(r)], r).find("unusable"), std::string::npos);
   }
 }
 
@@ -272,9 +318,8 @@ TEST(TcpBootstrapTest, RanksSilentInAllGatherAreAllNamed) {
 TEST(TcpBootstrapTest, SizeMismatchIsRejected) {
   const uint16_t port = free_port();
   const auto start = Clock::now();
-  const auto errors = run_ranks(2, [&](int rank) {
-    TcpBootstrap boot(rank, rank == 0 ? 2 : 3, "127.0.0.1", port, 5s);
-  });
+  const auto errors =
+      run_ranks(2, [&](int rank) { TcpBootstrap boot(rank, rank == 0 ? 2 : 3, "127.0.0.1", port, 5s); });
   EXPECT_LT(seconds_since(start), 5.0);
   for (int r = 0; r < 2; ++r) {
     const std::string what = message_of<turnout::Error>(errors[static_cast<size_t>(r)], r);
@@ -286,9 +331,8 @@ TEST(TcpBootstrapTest, DuplicateRankIsRejected) {
   const uint16_t port = free_port();
   const auto start = Clock::now();
   // Two processes both think they are rank 1 of 3.
-  const auto errors = run_ranks(3, [&](int thread) {
-    TcpBootstrap boot(thread == 0 ? 0 : 1, 3, "127.0.0.1", port, 5s);
-  });
+  const auto errors =
+      run_ranks(3, [&](int thread) { TcpBootstrap boot(thread == 0 ? 0 : 1, 3, "127.0.0.1", port, 5s); });
   EXPECT_LT(seconds_since(start), 5.0);
   for (int r = 0; r < 3; ++r) {
     const std::string what = message_of<turnout::Error>(errors[static_cast<size_t>(r)], r);
@@ -333,10 +377,8 @@ TEST(TcpBootstrapTest, InvalidArgumentsNameTheArgument) {
   expect_invalid([] { TcpBootstrap(0, 2, "127.0.0.1", 0); }, "port");
   expect_invalid([] { TcpBootstrap(0, 2, "", 29500); }, "root_host");
   expect_invalid([] { TcpBootstrap(0, 2, "127.0.0.1", 29500, 0ms); }, "timeout");
-  expect_invalid([] { turnout::FunctionBootstrap(3, 3, [](auto) { return std::vector<std::byte>{}; }); },
-                 "rank");
-  expect_invalid([] { turnout::FunctionBootstrap(0, 0, [](auto) { return std::vector<std::byte>{}; }); },
-                 "size");
+  expect_invalid([] { turnout::FunctionBootstrap(3, 3, [](auto) { return std::vector<std::byte>{}; }); }, "rank");
+  expect_invalid([] { turnout::FunctionBootstrap(0, 0, [](auto) { return std::vector<std::byte>{}; }); }, "size");
   expect_invalid([] { turnout::FunctionBootstrap(0, 1, nullptr); }, "all_gather");
 }
 
@@ -362,8 +404,7 @@ TEST(FunctionBootstrapTest, CallsTheFunctionAndChecksItsResult) {
     boot.all_gather(payload(1, 6, 0));
     ADD_FAILURE() << "a wrong-sized answer was accepted";
   } catch (const turnout::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("returned 19 bytes, expected 18"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("returned 19 bytes, expected 18"), std::string::npos) << e.what();
   }
 }
 

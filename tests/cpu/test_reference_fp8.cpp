@@ -62,6 +62,7 @@ TEST(ReferenceE4m3, SaturatesAndKeepsNan) {
   EXPECT_EQ(ref::float_to_e4m3(1000.0f), 0x7e);
   EXPECT_EQ(ref::float_to_e4m3(-1000.0f), 0xfe);
   EXPECT_EQ(ref::float_to_e4m3(464.0f), 0x7e);  // tie between 448 and the NaN slot
+  EXPECT_EQ(ref::float_to_e4m3(470.0f), 0x7e);  // nearer the NaN slot, still saturates
   EXPECT_EQ(ref::float_to_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
   EXPECT_EQ(ref::float_to_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
   EXPECT_EQ(ref::float_to_e4m3(std::numeric_limits<float>::max()), 0x7e);

@@ -100,7 +100,7 @@ def test_layout_with_nvl_domains_of_two(ctx):
             buf.destroy()
 
 
-def late_routing(host: torch.Tensor, device) -> torch.Tensor:
+def late_routing(host: torch.Tensor, device):
     """`host` copied to the GPU on a side stream that first sleeps, with the
     event of the copy: an op that does not wait for it reads garbage."""
     topk_idx = torch.full(host.shape, -1, dtype=torch.int64, device=device)
