@@ -64,7 +64,12 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, options.nvl_domain_size);
 
-  comm_stream_ = create_comm_stream();
+  if (options.comm_stream) {
+    comm_stream_ = options.comm_stream;
+  } else {
+    owned_comm_stream_ = create_comm_stream();
+    comm_stream_ = owned_comm_stream_.get();
+  }
   sync_event_ = create_event();
   nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + align16(options.num_nvl_bytes));
   void* user[kMaxNvlRanks] = {};
@@ -88,8 +93,8 @@ void Buffer::destroy() {
   cudaError_t st = cudaDeviceSynchronize();
   if (st == cudaSuccess && !errors_.timed_out() && topology_.num_nvl_ranks > 1) {
     try {
-      barrier(comm_stream_.get());
-      synchronize(comm_stream_.get(), "Buffer.destroy");
+      barrier(comm_stream_);
+      synchronize(comm_stream_, "Buffer.destroy");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "turnout: rank %d: peers did not meet at destroy, freeing anyway: %s\n", topology_.rank,
                    e.what());
@@ -98,7 +103,8 @@ void Buffer::destroy() {
   peer_user_table_.reset();
   nvl_.reset();
   sync_event_.reset();
-  comm_stream_.reset();
+  owned_comm_stream_.reset();
+  comm_stream_ = nullptr;
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
 }
 

@@ -25,6 +25,11 @@ struct BufferOptions {
   bool low_latency_mode = false;
   double timeout_s = 0;      // <= 0: default_timeout_s()
   int nvl_domain_size = 0;   // > 0: declare smaller NVL domains than the hosts
+  // The stream the ops of the Python layer run on. Null: the Buffer creates
+  // (and owns) one. A caller's stream must outlive the Buffer; the Python layer
+  // passes one from PyTorch's pool, which PyTorch never destroys, because
+  // tensors may still record it after the Buffer is gone.
+  cudaStream_t comm_stream = nullptr;
 };
 
 class Buffer {
@@ -46,7 +51,7 @@ class Buffer {
   int device() const { return device_; }
   double timeout_s() const { return timeout_s_; }
   size_t num_nvl_bytes() const { return options_.num_nvl_bytes; }
-  cudaStream_t comm_stream() const { return comm_stream_.get(); }
+  cudaStream_t comm_stream() const { return comm_stream_; }
   // The user-visible part of this rank's NVL buffer (num_nvl_bytes bytes).
   void* local_nvl_buffer() const;
   // Device table of every NVL peer's user-visible buffer (kMaxNvlRanks entries).
@@ -80,7 +85,8 @@ class Buffer {
   double timeout_s_;
   int device_ = 0;
   Topology topology_;
-  Stream comm_stream_;
+  Stream owned_comm_stream_;
+  cudaStream_t comm_stream_ = nullptr;
   Event sync_event_;
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;

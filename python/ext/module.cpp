@@ -78,7 +78,8 @@ void bind_buffer(nb::module_& m) {
       .def(
           "__init__",
           [](Buffer* self, int rank, int size, nb::callable all_gather, int device, size_t num_nvl_bytes,
-             size_t num_rdma_bytes, bool low_latency_mode, double timeout_s, int nvl_domain_size) {
+             size_t num_rdma_bytes, bool low_latency_mode, double timeout_s, int nvl_domain_size,
+             uintptr_t comm_stream) {
             TURNOUT_CUDA_CHECK(cudaSetDevice(device));
             turnout::FunctionBootstrap bootstrap(rank, size, python_all_gather(std::move(all_gather)));
             turnout::BufferOptions options;
@@ -87,10 +88,11 @@ void bind_buffer(nb::module_& m) {
             options.low_latency_mode = low_latency_mode;
             options.timeout_s = timeout_s;
             options.nvl_domain_size = nvl_domain_size;
+            options.comm_stream = stream(comm_stream);
             new (self) Buffer(bootstrap, options);
           },
           "rank"_a, "size"_a, "all_gather"_a, "device"_a, "num_nvl_bytes"_a, "num_rdma_bytes"_a,
-          "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a)
+          "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a, "comm_stream"_a)
       .def_prop_ro("rank", [](const Buffer& b) { return b.topology().rank; })
       .def_prop_ro("num_ranks", [](const Buffer& b) { return b.topology().num_ranks; })
       .def_prop_ro("num_nvl_ranks", [](const Buffer& b) { return b.topology().num_nvl_ranks; })

@@ -53,8 +53,10 @@ class Buffer:
 
         rank, size, all_gather = bootstrap.from_group(group) if group is not None else bootstrap.from_mpi(comm)
         device = torch.cuda.current_device()
+        # From PyTorch's pool: never destroyed, so tensors that recorded it stay safe after destroy().
+        self._comm_stream = torch.cuda.Stream(device=device, priority=-1)
         self._native = _C.Buffer(rank, size, all_gather, device, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
-                                 float(timeout_s or 0.0), nvl_domain_size)
+                                 float(timeout_s or 0.0), nvl_domain_size, self._comm_stream.cuda_stream)
         self.rank = rank
         self.group_size = size
         self.group = group
@@ -64,7 +66,6 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         self._device = torch.device("cuda", device)
-        self._comm_stream = torch.cuda.ExternalStream(self._native.comm_stream, device=self._device)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 

@@ -50,15 +50,17 @@ def report(**event) -> None:
 
 
 def worker_main(rank: int, world_size: int, port: int, tests, start: int) -> None:
+    import faulthandler
     import torch
     import torch.distributed as dist
     from datetime import timedelta
 
     from harness import Context
 
+    faulthandler.enable()  # a crash in native code still shows the Python stack
     torch.cuda.set_device(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=60))
     ctx = Context(rank, world_size)
     for index in range(start, len(tests)):
         module_name, fn_name, _ = tests[index]
@@ -148,6 +150,8 @@ def run_tests(tests, world_size: int):
             seconds = time.time() - (started or time.time())
             yield name, not errors, seconds, "\n".join(errors)
             index += 1
+            # Ranks of a failed test may still sit in its collectives: start afresh.
+            restart = restart or bool(errors)
         kill(procs)
 
 
