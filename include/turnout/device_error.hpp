@@ -26,23 +26,30 @@ enum class WaitSite : int32_t {
 
 const char* wait_site_name(WaitSite site);
 
-// Layout shared with device code. `claim` lets exactly one thread write the
-// fields; `code` is stored last so a reader that sees it sees the fields.
+// Host-mapped; written by one GPU thread with plain stores, `code` last (after
+// a system fence) so a host that sees the code sees the fields.
 struct DeviceErrorRecord {
-  int32_t claim;
   int32_t code;
   int32_t rank;    // rank that recorded the error
   int32_t peer;    // timeout: the peer rank waited for; invalid expert: the slot
   int32_t where;   // timeout: WaitSite; invalid expert: unused
-  int32_t pad;
   int64_t detail;  // timeout: elapsed ns; invalid expert: token * 2^32 | value's low bits
   int64_t value;   // invalid expert: the offending id
+};
+
+// What kernels get: the record, and a claim word in device memory so exactly
+// one thread writes it. The claim is a device-memory atomic because atomics on
+// host memory are not coherent with host writes on every platform (the host
+// could not reset it).
+struct DeviceErrorSlot {
+  int32_t* claim;
+  DeviceErrorRecord* record;
 };
 
 class DeviceErrorWord {
  public:
   DeviceErrorWord();
-  DeviceErrorRecord* device() const { return device_; }
+  DeviceErrorSlot device() const { return {static_cast<int32_t*>(claim_.get()), device_}; }
   // Throws TimeoutError / InvalidArgument if a kernel left a record; `op` names
   // the call for the message. Input errors are cleared once thrown.
   void check(const char* op);
@@ -51,6 +58,7 @@ class DeviceErrorWord {
 
  private:
   HostMemory memory_;
+  DeviceMemory claim_;
   DeviceErrorRecord* host_ = nullptr;
   DeviceErrorRecord* device_ = nullptr;
 };

@@ -26,7 +26,7 @@ struct LayoutArgs {
 // outside [-1, num_experts) are found by the kernel, which skips them (no write
 // outside the outputs) and leaves a record in `errors` that its owner's check()
 // throws; the outputs of such a call are meaningless.
-void get_dispatch_layout(const LayoutArgs& args, const Topology& topology, DeviceErrorRecord* errors,
+void get_dispatch_layout(const LayoutArgs& args, const Topology& topology, DeviceErrorSlot errors,
                          cudaStream_t stream);
 
 }  // namespace turnout

@@ -17,7 +17,7 @@ struct LayoutParams {
   int num_ranks;
   int num_nvl_ranks;
   int rank;
-  DeviceErrorRecord* errors;
+  DeviceErrorSlot errors;
 };
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
 

@@ -9,7 +9,7 @@
 namespace turnout::kernels {
 
 struct WaitContext {
-  DeviceErrorRecord* errors;
+  DeviceErrorSlot errors;
   uint64_t timeout_ns;
   int rank;
 };

@@ -18,7 +18,7 @@ void require(bool ok, const std::string& what) {
 
 }  // namespace
 
-void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorRecord* errors,
+void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorSlot errors,
                          cudaStream_t stream) {
   const int num_ranks = topology.num_ranks;
   require(a.num_tokens >= 0, "num_tokens must be >= 0, got " + std::to_string(a.num_tokens));

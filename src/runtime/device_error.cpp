@@ -17,7 +17,10 @@ const char* wait_site_name(WaitSite site) {
   return "unknown wait";
 }
 
-DeviceErrorWord::DeviceErrorWord() : memory_(allocate_host_mapped(sizeof(DeviceErrorRecord))) {
+DeviceErrorWord::DeviceErrorWord()
+    : memory_(allocate_host_mapped(sizeof(DeviceErrorRecord))), claim_(allocate_device(sizeof(int32_t))) {
+  TURNOUT_CUDA_CHECK(cudaMemset(claim_.get(), 0, sizeof(int32_t)));
+  TURNOUT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   host_ = static_cast<DeviceErrorRecord*>(memory_.get());
   std::memset(host_, 0, sizeof(DeviceErrorRecord));
   void* d = nullptr;
@@ -32,6 +35,10 @@ bool DeviceErrorWord::timed_out() const {
 void DeviceErrorWord::clear() {
   std::memset(host_, 0, sizeof(DeviceErrorRecord));
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  // Error path only: wait for the reset of the claim (the legacy stream does
+  // not order with the library's non-blocking streams, so it waits for no op).
+  TURNOUT_CUDA_CHECK(cudaMemset(claim_.get(), 0, sizeof(int32_t)));
+  TURNOUT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceErrorWord::check(const char* op) {
