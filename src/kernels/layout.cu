@@ -9,7 +9,9 @@
 namespace turnout::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+// Small blocks: each thread walks one token serially, so more blocks in flight
+// hide more of that latency.
+constexpr int kThreads = 64;
 
 __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams p) {
   extern __shared__ int32_t counts[];  // [experts | ranks | rdma ranks]
