@@ -9,21 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_invalid_argument.hpp"
 #include "turnout/reference.hpp"
 
 namespace ref = turnout::reference;
 
 namespace {
-
-template <class F>
-void expect_invalid_argument(F&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected std::invalid_argument mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 // Random experts with some -1 slots and, by chance, duplicates within a row.
 std::vector<int64_t> random_topk(std::mt19937& rng, int num_tokens, int num_topk,

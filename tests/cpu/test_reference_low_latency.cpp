@@ -10,21 +10,12 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_invalid_argument.hpp"
 #include "turnout/reference.hpp"
 
 namespace ref = turnout::reference;
 
 namespace {
-
-template <class F>
-void expect_invalid_argument(F&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected std::invalid_argument mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 int64_t range_of(int64_t begin, int64_t count) { return (begin << 32) | count; }
 

@@ -10,21 +10,12 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_invalid_argument.hpp"
 #include "turnout/reference.hpp"
 
 namespace ref = turnout::reference;
 
 namespace {
-
-template <class F>
-void expect_invalid_argument(F&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected std::invalid_argument mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 std::vector<uint8_t> bf16_bytes(const std::vector<uint16_t>& values) {
   std::vector<uint8_t> bytes(values.size() * 2);
