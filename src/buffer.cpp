@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/intranode/launch.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/control_region.hpp"
 #include "turnout/error.hpp"
@@ -49,6 +50,7 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
                        "of turnout; pass num_rdma_bytes=0");
   if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
+  TURNOUT_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms_, cudaDevAttrMultiProcessorCount, device_));
 
   const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes};
   const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
@@ -71,10 +73,13 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
     comm_stream_ = owned_comm_stream_.get();
   }
   sync_event_ = create_event();
+  join_event_ = create_event();
   nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + align16(options.num_nvl_bytes));
   void* user[kMaxNvlRanks] = {};
   for (int i = 0; i < topology_.num_nvl_ranks; ++i) user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
   peer_user_table_ = allocate_device(sizeof(user));
+  recv_counts_ = allocate_host_mapped(kernels::kMailboxBytes);
+  std::memset(recv_counts_.get(), 0, kernels::kMailboxBytes);
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
 }
 
@@ -101,8 +106,10 @@ void Buffer::destroy() {
     }
   }
   peer_user_table_.reset();
+  recv_counts_.reset();
   nvl_.reset();
   sync_event_.reset();
+  join_event_.reset();
   owned_comm_stream_.reset();
   comm_stream_ = nullptr;
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
@@ -122,7 +129,11 @@ void* const* Buffer::peer_nvl_table() const {
   return static_cast<void* const*>(peer_user_table_.get());
 }
 
-void Buffer::check_errors(const char* op) { errors_.check(op); }
+void Buffer::check_errors(const char* op) { errors_.check(op, topology_.nvl_peer_rank(0)); }
+
+kernels::WaitContext Buffer::wait_context() const {
+  return {errors_.device(), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank, topology_.nvl_peer_rank(0)};
+}
 
 void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
   require_alive("get_dispatch_layout");
@@ -133,9 +144,8 @@ void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
 void Buffer::barrier(cudaStream_t stream) {
   require_alive("barrier");
   check_errors("barrier");
-  const kernels::WaitContext ctx{errors_.device(), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank};
-  kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks,
-                          topology_.nvl_peer_rank(0), ctx, stream);
+  const kernels::WaitContext ctx = wait_context();
+  kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks, ctx, stream);
 }
 
 namespace {
@@ -166,6 +176,13 @@ void Buffer::load_from_peers(void* dst, size_t bytes, size_t src_offset, int num
   require_alive("load_from_peers");
   check_copy("load_from_peers", dst, bytes, src_offset, 1, options_.num_nvl_bytes, num_sms);
   kernels::launch_load_from_peers(peer_nvl_table(), topology_.num_nvl_ranks, dst, bytes, src_offset, num_sms, stream);
+}
+
+void Buffer::join(cudaStream_t waiter, cudaStream_t waited) {
+  require_alive("join");
+  if (waiter == waited) return;
+  TURNOUT_CUDA_CHECK(cudaEventRecord(join_event_.get(), waited));
+  TURNOUT_CUDA_CHECK(cudaStreamWaitEvent(waiter, join_event_.get(), 0));
 }
 
 void Buffer::synchronize(cudaStream_t stream, const char* op) {

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "kernels/intranode/region.hpp"
 #include "turnout/error.hpp"
 #include "turnout/topology.hpp"
 
@@ -20,10 +21,12 @@ void require_ranks(int num_ranks, const char* fn) {
               "], got " + std::to_string(num_ranks));
 }
 
-// One received token in a ring slot: its row, FP8 scales, top-k and source index.
+// One received token in a ring slot: its row, FP8 scales, top-k and source
+// index (kernels::make_dispatch_slot with the largest top-k); a combine slot
+// (row and weights) is smaller.
 size_t token_slot_bytes(size_t hidden_bytes) {
-  return align_up(hidden_bytes, 16) + align_up((hidden_bytes + 127) / 128 * sizeof(float), 16) +
-         kMaxTopk * (sizeof(int32_t) + sizeof(float)) + 16;
+  const int scales = static_cast<int>((hidden_bytes + 127) / 128);
+  return kernels::make_dispatch_slot(static_cast<int>(align_up(hidden_bytes, 16)), scales, kMaxTopk).bytes;
 }
 
 }  // namespace
@@ -49,10 +52,10 @@ size_t Config::get_nvl_buffer_size_hint(size_t hidden_bytes, int num_ranks) cons
   require_ranks(num_ranks, "get_nvl_buffer_size_hint");
   const size_t nvl_ranks = num_ranks < kMaxNvlRanks ? num_ranks : kMaxNvlRanks;
   const size_t channels = num_sms / 2;
-  // Per channel and sending peer: a ring of received tokens plus its counters,
-  // and the count matrices exchanged before the data.
-  size_t bytes = channels * nvl_ranks * (num_max_nvl_chunked_recv_tokens * token_slot_bytes(hidden_bytes) + 64);
-  bytes += nvl_ranks * nvl_ranks * sizeof(int32_t) * 4 + channels * nvl_ranks * sizeof(int32_t) * 4;
+  // The counts area, then per channel and sending peer a ring of
+  // num_max_nvl_chunked_recv_tokens slots (the layout of kernels/intranode/region.hpp).
+  const size_t bytes = kernels::kIntranodeMetaBytes +
+                       channels * nvl_ranks * num_max_nvl_chunked_recv_tokens * token_slot_bytes(hidden_bytes);
   return align_up(bytes, 128);
 }
 

@@ -10,11 +10,15 @@
 #include "turnout/bootstrap.hpp"
 #include "turnout/cuda_resources.hpp"
 #include "turnout/device_error.hpp"
+#include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
 #include "turnout/peer_memory.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {
+namespace kernels {
+struct WaitContext;
+}
 
 // Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
 double default_timeout_s();
@@ -59,6 +63,15 @@ class Buffer {
 
   void get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream);
 
+  // Intranode dispatch, step 1: exchange the counts. Unless num_worst_tokens >
+  // 0 the host then waits for them (bounded by the timeout; a TimeoutError
+  // names the ranks that did not answer) and returns the receive sizes.
+  DispatchCounts dispatch_counts(const DispatchCountsArgs& args, cudaStream_t stream);
+  // Step 2: move the tokens into outputs sized from step 1 (or the handle).
+  void dispatch(const DispatchArgs& args, cudaStream_t stream);
+  // Sends expert outputs back to their source ranks and reduces them there.
+  void combine(const CombineArgs& args, cudaStream_t stream);
+
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
   // timeout); a peer that never comes leaves a timeout record.
   void barrier(cudaStream_t stream);
@@ -72,6 +85,10 @@ class Buffer {
   // dst + nvl_rank * bytes (dst holds num_nvl_ranks * bytes).
   void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
 
+  // Makes `waiter` wait for the work enqueued on `waited` so far (one reused
+  // event: cheaper than a fresh one per call).
+  void join(cudaStream_t waiter, cudaStream_t waited);
+
   // Throws if a kernel left an error record (see DeviceErrorWord::check).
   void check_errors(const char* op);
   // Host wait for `stream`, polling the error word; raises TimeoutError if the
@@ -80,6 +97,7 @@ class Buffer {
 
  private:
   void require_alive(const char* op) const;
+  kernels::WaitContext wait_context() const;
 
   BufferOptions options_;
   double timeout_s_;
@@ -88,9 +106,14 @@ class Buffer {
   Stream owned_comm_stream_;
   cudaStream_t comm_stream_ = nullptr;
   Event sync_event_;
+  Event join_event_;
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
+  // Where the counts step leaves the receive sizes for the host.
+  HostMemory recv_counts_;
+  int32_t recv_counts_sequence_ = 0;
+  int num_device_sms_ = 0;
 };
 
 // True if this build holds sm_90 machine code.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "turnout/cuda_resources.hpp"
+#include "turnout/topology.hpp"
 
 namespace turnout {
 
@@ -14,6 +15,8 @@ enum class DeviceErrorCode : int32_t {
   kNone = 0,
   kTimeout = 1,        // sticky: peers are out of step, the buffer is unusable
   kInvalidExpert = 2,  // cleared once reported: nothing was written for the call
+  kWorstTokensExceeded = 3,  // cleared once reported: the dispatch moved nothing
+  kPeerInputError = 4,       // cleared once reported: a peer's input was bad, nothing moved
 };
 
 // Which wait timed out (the `where` field of a timeout record).
@@ -34,7 +37,10 @@ struct DeviceErrorRecord {
   int32_t peer;    // timeout: the peer rank waited for; invalid expert: the slot
   int32_t where;   // timeout: WaitSite; invalid expert: unused
   int64_t detail;  // timeout: elapsed ns; invalid expert: token * 2^32 | value's low bits
-  int64_t value;   // invalid expert: the offending id
+  int64_t value;   // invalid expert: the offending id; worst tokens: the receive count
+  // Timeout: nonzero for every NVL peer (by index in the domain) that some
+  // thread of this rank gave up on; plain byte stores, so no claim is needed.
+  uint8_t missing[kMaxNvlRanks];
 };
 
 // What kernels get: the record, and a claim word in device memory so exactly
@@ -52,7 +58,8 @@ class DeviceErrorWord {
   DeviceErrorSlot device() const { return {static_cast<int32_t*>(claim_.get()), device_}; }
   // Throws TimeoutError / InvalidArgument if a kernel left a record; `op` names
   // the call for the message. Input errors are cleared once thrown.
-  void check(const char* op);
+  // `first_nvl_rank` turns the missing-peer indices into ranks.
+  void check(const char* op, int first_nvl_rank = 0);
   bool timed_out() const;
   void clear();
 

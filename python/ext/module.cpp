@@ -4,6 +4,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <span>
@@ -128,6 +130,88 @@ void bind_buffer(nb::module_& m) {
             a.is_token_in_rank = ptr<bool>(in_rank);
             b.get_dispatch_layout(a, stream(s));
           })
+      .def(
+          "dispatch_counts",
+          [](Buffer& b, uintptr_t in_rank, int num_tokens, uintptr_t per_expert, int num_experts, uintptr_t topk_idx,
+             int num_topk, int expert_alignment, int num_worst_tokens, const turnout::Config& config,
+             uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, uintptr_t s) {
+            turnout::DispatchCountsArgs a;
+            a.num_tokens = num_tokens;
+            a.is_token_in_rank = ptr<const bool>(in_rank);
+            a.num_tokens_per_expert = ptr<const int32_t>(per_expert);
+            a.num_experts = num_experts;
+            a.topk_idx = ptr<const int64_t>(topk_idx);
+            a.num_topk = num_topk;
+            a.expert_alignment = expert_alignment;
+            a.num_worst_tokens = num_worst_tokens;
+            a.num_sms = config.num_sms;
+            a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
+            a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+            a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
+            a.source_num_tokens = ptr<int32_t>(source_num_tokens);
+            // The host wait runs without the GIL (other threads may drive other GPUs).
+            nb::gil_scoped_release release;
+            turnout::DispatchCounts c = b.dispatch_counts(a, stream(s));
+            return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
+          })
+      .def("dispatch",
+           [](Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
+              int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx, uintptr_t topk_weights,
+              int num_topk, int num_experts, uintptr_t in_rank, uintptr_t rank_prefix_matrix, int num_recv_rows,
+              int num_worst_tokens, const turnout::Config& config, uintptr_t recv_x, uintptr_t recv_x_scales,
+              uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t s) {
+             turnout::DispatchArgs a;
+             a.x = ptr<const void>(x);
+             a.num_tokens = num_tokens;
+             a.row_bytes = row_bytes;
+             a.x_scales = ptr<const void>(x_scales);
+             a.num_scales = num_scales;
+             a.scale_stride_token = scale_stride_token;
+             a.scale_stride_group = scale_stride_group;
+             a.topk_idx = ptr<const int64_t>(topk_idx);
+             a.topk_weights = ptr<const float>(topk_weights);
+             a.num_topk = num_topk;
+             a.num_experts = num_experts;
+             a.is_token_in_rank = ptr<const bool>(in_rank);
+             a.rank_prefix_matrix = ptr<const int32_t>(rank_prefix_matrix);
+             a.num_recv_rows = num_recv_rows;
+             a.num_worst_tokens = num_worst_tokens;
+             a.num_sms = config.num_sms;
+             a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
+             a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+             a.recv_x = ptr<void>(recv_x);
+             a.recv_x_scales = ptr<void>(recv_x_scales);
+             a.recv_topk_idx = ptr<int64_t>(recv_topk_idx);
+             a.recv_topk_weights = ptr<float>(recv_topk_weights);
+             a.recv_src_idx = ptr<int32_t>(recv_src_idx);
+             b.dispatch(a, stream(s));
+           })
+      .def("combine",
+           [](Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_weights, int num_topk, uintptr_t bias0,
+              uintptr_t bias1, uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, uintptr_t recv_src_idx,
+              uintptr_t in_rank, int num_tokens, const turnout::Config& config, uintptr_t combined_x,
+              uintptr_t combined_topk_weights, uintptr_t s) {
+             turnout::CombineArgs a;
+             a.x = ptr<const void>(x);
+             a.num_rows = num_rows;
+             a.hidden = hidden;
+             a.topk_weights = ptr<const float>(topk_weights);
+             a.num_topk = num_topk;
+             a.bias0 = ptr<const void>(bias0);
+             a.bias1 = ptr<const void>(bias1);
+             a.rank_prefix_matrix = ptr<const int32_t>(rank_prefix_matrix);
+             a.source_num_tokens = ptr<const int32_t>(source_num_tokens);
+             a.recv_src_idx = ptr<const int32_t>(recv_src_idx);
+             a.is_token_in_rank = ptr<const bool>(in_rank);
+             a.num_tokens = num_tokens;
+             a.num_sms = config.num_sms;
+             a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
+             a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+             a.combined_x = ptr<void>(combined_x);
+             a.combined_topk_weights = ptr<float>(combined_topk_weights);
+             b.combine(a, stream(s));
+           })
+      .def("join", [](Buffer& b, uintptr_t waiter, uintptr_t waited) { b.join(stream(waiter), stream(waited)); })
       .def("barrier", [](Buffer& b, uintptr_t s) { b.barrier(stream(s)); })
       .def(
           "synchronize", [](Buffer& b, uintptr_t s, const std::string& op) { b.synchronize(stream(s), op.c_str()); },

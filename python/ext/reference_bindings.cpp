@@ -2,8 +2,11 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <initializer_list>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -57,9 +60,117 @@ auto cast_to_fp8(HostArray<const uint16_t> x, bool round_scale, bool use_ue8m0) 
                         to_numpy(std::move(packed), {t, packed_cols}));
 }
 
+// A dispatch result with the shapes its arrays need.
+struct DispatchResult {
+  reference::NormalDispatchResult r;
+  int64_t row_bytes;
+  int num_scales;
+  int num_topk;
+};
+
+// Copies element i of a list of arrays (None -> empty) into a vector.
+template <typename T>
+std::vector<T> list_item(const nb::list& items, size_t i, const char* what) {
+  if (items.size() <= i) throw std::invalid_argument(std::string(what) + ": one array per rank is needed");
+  nb::handle h = items[i];
+  if (h.is_none()) return {};
+  auto a = nb::cast<HostArray<const T>>(h);
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
+                                            const nb::list& topk_weights, const nb::list& is_token_in_rank,
+                                            int num_experts, int expert_alignment) {
+  const size_t num_ranks = x.size();
+  std::vector<reference::NormalDispatchInput> inputs(num_ranks);
+  reference::NormalDispatchParams params;
+  params.num_experts = num_experts;
+  params.expert_alignment = expert_alignment;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    auto xr = nb::cast<HostArray<const uint8_t>>(x[r]);
+    if (xr.ndim() != 2) throw std::invalid_argument("x: 2-D uint8 [T, row_bytes] per rank");
+    auto& in = inputs[r];
+    in.num_tokens = static_cast<int>(xr.shape(0));
+    params.row_bytes = static_cast<int64_t>(xr.shape(1));
+    in.x.assign(xr.data(), xr.data() + xr.size());
+    in.x_scales = list_item<float>(x_scales, r, "x_scales");
+    if (in.num_tokens > 0) params.num_scales = static_cast<int>(in.x_scales.size() / in.num_tokens);
+    in.topk_idx = list_item<int64_t>(topk_idx, r, "topk_idx");
+    in.topk_weights = list_item<float>(topk_weights, r, "topk_weights");
+    if (in.num_tokens > 0) params.num_topk = static_cast<int>(in.topk_idx.size() / in.num_tokens);
+    in.is_token_in_rank = list_item<uint8_t>(is_token_in_rank, r, "is_token_in_rank");
+  }
+  // A rank with no tokens says nothing about the widths: take them from any rank.
+  for (size_t r = 0; r < num_ranks; ++r) {
+    nb::handle sc = x_scales[r], ti = topk_idx[r];
+    if (!sc.is_none()) {
+      auto a = nb::cast<HostArray<const float>>(sc);
+      if (a.ndim() == 2) params.num_scales = static_cast<int>(a.shape(1));
+    }
+    if (!ti.is_none()) {
+      auto a = nb::cast<HostArray<const int64_t>>(ti);
+      if (a.ndim() == 2) params.num_topk = static_cast<int>(a.shape(1));
+    }
+  }
+  auto results = reference::normal_dispatch(inputs, params);
+  std::vector<DispatchResult> out;
+  for (auto& r : results) out.push_back({std::move(r), params.row_bytes, params.num_scales, params.num_topk});
+  return out;
+}
+
+nb::list normal_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0, const nb::list& bias1,
+                        const std::vector<DispatchResult>& dispatch, int hidden, int num_topk) {
+  std::vector<reference::NormalCombineInput> inputs(x.size());
+  std::vector<reference::NormalDispatchResult> results;
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    inputs[r].x = list_item<uint16_t>(x, r, "x");
+    inputs[r].topk_weights = list_item<float>(topk_weights, r, "topk_weights");
+    inputs[r].bias0 = list_item<uint16_t>(bias0, r, "bias0");
+    inputs[r].bias1 = list_item<uint16_t>(bias1, r, "bias1");
+    results.push_back(dispatch.at(r).r);
+  }
+  auto combined = reference::normal_combine(inputs, results, hidden, num_topk);
+  nb::list out;
+  for (size_t r = 0; r < combined.size(); ++r) {
+    const size_t t = results[r].num_tokens;
+    out.append(nb::make_tuple(to_numpy(std::move(combined[r].combined_x), {t, size_t(hidden)}),
+                              to_numpy(std::move(combined[r].combined_topk_weights), {t, size_t(num_topk)})));
+  }
+  return out;
+}
+
+template <typename T>
+auto copy_out(const std::vector<T>& v, size_t rows, size_t cols) {
+  return to_numpy(std::vector<T>(v), {rows, cols});
+}
+
 }  // namespace
 
 void bind_reference(nb::module_& m) {
+  nb::class_<DispatchResult>(m, "NormalDispatchResult")
+      .def_prop_ro("num_recv", [](const DispatchResult& d) { return d.r.num_recv; }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_x", [](const DispatchResult& d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_x_scales",
+                   [](const DispatchResult& d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_topk_idx",
+                   [](const DispatchResult& d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_topk_weights",
+                   [](const DispatchResult& d) { return copy_out(d.r.recv_topk_weights, d.r.num_recv, d.num_topk); }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_src_idx",
+                   [](const DispatchResult& d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_idx), {size_t(d.r.num_recv)}); }, nb::rv_policy::automatic)
+      .def_prop_ro("recv_src_rank",
+                   [](const DispatchResult& d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_rank), {size_t(d.r.num_recv)}); }, nb::rv_policy::automatic)
+      .def_prop_ro("num_recv_tokens_per_expert",
+                   [](const DispatchResult& d) { return std::vector<int32_t>(d.r.num_recv_tokens_per_expert); }, nb::rv_policy::automatic)
+      .def_prop_ro("rank_prefix_matrix", [](const DispatchResult& d) {
+        const size_t r = static_cast<size_t>(std::lround(std::sqrt(double(d.r.rank_prefix_matrix.size()))));
+        return copy_out(d.r.rank_prefix_matrix, r, r);
+      }, nb::rv_policy::automatic);
+  m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a,
+        "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a,
+        "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");
+  m.def("normal_combine", &normal_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a, "hidden"_a,
+        "num_topk"_a, "Every rank's fp64 combine result: a list of (combined_x, combined_topk_weights).");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -11,6 +11,15 @@ from .event import EventOverlap
 _TOPK_IDX_DTYPE = torch.int64
 
 
+def _current_raw_stream(device_index: int) -> int:
+    """The caller's current stream as a raw handle. torch.cuda.current_stream()
+    builds a Python object each call (microseconds); this is the same value."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return torch.cuda.current_stream(device_index).cuda_stream
+    return raw(device_index)
+
+
 class Buffer:
     """The communication buffer of one rank of an expert-parallel group.
 
@@ -55,6 +64,8 @@ class Buffer:
         device = torch.cuda.current_device()
         # From PyTorch's pool: never destroyed, so tensors that recorded it stay safe after destroy().
         self._comm_stream = torch.cuda.Stream(device=device, priority=-1)
+        self._comm_raw = self._comm_stream.cuda_stream
+        self._device_index = device
         self._native = _C.Buffer(rank, size, all_gather, device, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
                                  float(timeout_s or 0.0), nvl_domain_size, self._comm_stream.cuda_stream)
         self.rank = rank
@@ -146,36 +157,41 @@ class Buffer:
     # -- stream handling shared by the ops ----------------------------------------------------------------------
 
     def _enter_op(self, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
-                  allocate_on_comm_stream: bool) -> torch.cuda.Stream:
+                  allocate_on_comm_stream: bool):
         """Makes the communication stream wait for its inputs; returns the
-        caller's stream. Ops run on the communication stream."""
+        caller's stream (raw handle, and the torch object when it is needed).
+        Ops run on the communication stream."""
         self._require_alive(op)
         if previous_event is not None and not isinstance(previous_event, EventOverlap):
             fail(op, "previous_event", "an EventOverlap or None", type(previous_event).__name__, TypeError)
         if allocate_on_comm_stream and not (previous_event is not None and async_finish):
             fail(op, "allocate_on_comm_stream", "used with previous_event and async_finish=True",
                  f"previous_event={previous_event}, async_finish={async_finish}")
-        compute = torch.cuda.current_stream()
+        compute_raw = _current_raw_stream(self._device_index)
         if previous_event is not None and previous_event.event is not None:
             self._comm_stream.wait_event(previous_event.event)
         else:
-            self._comm_stream.wait_stream(compute)
+            self._native.join(self._comm_raw, compute_raw)
+        compute = None
         if allocate_on_comm_stream:
+            compute = torch.cuda.current_stream()
             torch.cuda.set_stream(self._comm_stream)
-        return compute
+        return compute_raw, compute
 
-    def _abort_op(self, compute: torch.cuda.Stream, allocate_on_comm_stream: bool) -> None:
+    def _abort_op(self, state, allocate_on_comm_stream: bool) -> None:
         """Leaves the streams as _enter_op found them when an op fails."""
+        compute_raw, compute = state
         if allocate_on_comm_stream:
             torch.cuda.set_stream(compute)
-        compute.wait_stream(self._comm_stream)
+        self._native.join(compute_raw, self._comm_raw)
 
-    def _exit_op(self, compute: torch.cuda.Stream, async_finish: bool, allocate_on_comm_stream: bool,
+    def _exit_op(self, state, async_finish: bool, allocate_on_comm_stream: bool,
                  tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
+        compute_raw, compute = state
         if allocate_on_comm_stream:
             torch.cuda.set_stream(compute)
         if not async_finish:
-            compute.wait_stream(self._comm_stream)
+            self._native.join(compute_raw, self._comm_raw)
             return EventOverlap()
         event = torch.cuda.Event()
         event.record(self._comm_stream)
@@ -215,7 +231,7 @@ class Buffer:
             num_tokens_per_rdma_rank = counts[num_ranks:num_ranks + num_rdma_ranks] if has_rdma else None
             num_tokens_per_expert = counts[counts.numel() - num_experts:]
             is_token_in_rank = torch.empty((num_tokens, num_ranks), dtype=torch.bool, device=self._device)
-            stream = self._comm_stream.cuda_stream
+            stream = self._comm_raw
             self._native.get_dispatch_layout(
                 topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
                 num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
@@ -227,6 +243,197 @@ class Buffer:
             raise
         event = self._exit_op(compute, async_finish, allocate_on_comm_stream, (topk_idx, counts, is_token_in_rank))
         return num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, event
+
+    def _config(self, op: str, config, default) -> "_C.Config":
+        if config is None:
+            return default(self.group_size)
+        if not isinstance(config, _C.Config):
+            fail(op, "config", "a turnout.Config or None", type(config).__name__, TypeError)
+        return config
+
+    def _check_x(self, op: str, x):
+        """Returns (data, scales or None) of x: bf16 [T, H], or (fp8 [T, H], scales [T, S])."""
+        if isinstance(x, tuple):
+            if len(x) != 2:
+                fail(op, "x", "a bf16 tensor or a tuple (x_fp8, scales)", f"a tuple of {len(x)}", TypeError)
+            data, scales = x
+            check_tensor(op, "x[0]", data, dtype=torch.float8_e4m3fn, ndim=2, device=self._device)
+            check_tensor(op, "x[1] (scales)", scales, ndim=2, device=self._device, contiguous=False)
+            if scales.dtype not in (torch.float32, torch.int32):
+                fail(op, "x[1] (scales)", "of dtype torch.float32 (or torch.int32 for packed UE8M0)", scales.dtype,
+                     TypeError)
+            if scales.shape[0] != data.shape[0]:
+                fail(op, "x[1] (scales)", f"of {data.shape[0]} rows like x[0]", f"shape {tuple(scales.shape)}")
+            if data.shape[1] % 16:
+                fail(op, "x[0]", "of a hidden size that is a multiple of 16", f"shape {tuple(data.shape)}")
+            return data, scales
+        check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
+        if x.shape[1] % 8:
+            fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
+        return x, None
+
+    def _check_handle(self, op: str, handle):
+        if not (isinstance(handle, tuple) and len(handle) == 4 and all(isinstance(t, torch.Tensor) for t in handle)):
+            fail(op, "handle", "the handle a dispatch of this buffer returned", type(handle).__name__, TypeError)
+        return handle
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config=None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        """Sends each token to every rank in ``is_token_in_rank``. Returns
+        ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
+        with ``handle`` given (cached mode) only ``recv_x`` and the event.
+
+        The handle is ``(rank_prefix_matrix, source_num_tokens, recv_src_idx,
+        is_token_in_rank)``. ``num_tokens_per_rank`` and
+        ``num_tokens_per_rdma_rank`` are checked but not needed: the counts
+        come from ``is_token_in_rank``.
+        """
+        op = "dispatch"
+        config = self._config(op, config, Buffer.get_dispatch_config)
+        data, scales = self._check_x(op, x)
+        num_tokens, hidden = data.shape
+        R = self.group_size
+        check_int(op, "expert_alignment", expert_alignment, 1)
+        check_int(op, "num_worst_tokens", num_worst_tokens, 0)
+        cached = handle is not None
+        num_experts = num_topk = 0
+        if cached:
+            rank_prefix_matrix, source_num_tokens, old_src_idx, is_token_in_rank = self._check_handle(op, handle)
+            if topk_idx is not None or topk_weights is not None:
+                fail(op, "topk_idx", "None with a handle (cached dispatch)", "a tensor")
+            if is_token_in_rank.shape[0] != num_tokens:
+                fail(op, "x", f"of {is_token_in_rank.shape[0]} rows, the tokens of the handle's dispatch",
+                     f"{num_tokens} rows")
+            num_recv = old_src_idx.shape[0]
+        else:
+            check_tensor(op, "is_token_in_rank", is_token_in_rank, dtype=torch.bool, shape=(num_tokens, R),
+                         device=self._device)
+            check_tensor(op, "num_tokens_per_rank", num_tokens_per_rank, dtype=torch.int32, shape=(R,),
+                         device=self._device)
+            check_tensor(op, "num_tokens_per_expert", num_tokens_per_expert, dtype=torch.int32, ndim=1,
+                         device=self._device)
+            num_experts = num_tokens_per_expert.shape[0]
+            if num_experts == 0 or num_experts % R:
+                fail(op, "num_tokens_per_expert", f"of a length that is a positive multiple of the group size {R}",
+                     f"shape {tuple(num_tokens_per_expert.shape)}")
+            if (topk_idx is None) != (topk_weights is None):
+                fail(op, "topk_weights" if topk_weights is None else "topk_idx", "given with the other top-k tensor",
+                     None)
+            if topk_idx is not None:
+                check_tensor(op, "topk_idx", topk_idx, dtype=_TOPK_IDX_DTYPE, ndim=2, device=self._device)
+                num_topk = topk_idx.shape[1]
+                if topk_idx.shape[0] != num_tokens:
+                    fail(op, "topk_idx", f"of {num_tokens} rows like x", f"shape {tuple(topk_idx.shape)}")
+                check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(num_tokens, num_topk),
+                             device=self._device)
+        if scales is not None:
+            num_scales = scales.shape[1]
+            stride_token, stride_group = scales.stride()
+        else:
+            num_scales = stride_token = stride_group = 0
+
+        compute = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        try:
+            dev = self._device
+            native = self._native
+            stream = self._comm_raw
+            if not cached:
+                meta = torch.empty(R * R + R, dtype=torch.int32, device=dev)
+                rank_prefix_matrix = meta[:R * R].view(R, R)
+                source_num_tokens = meta[R * R:]
+                num_recv, per_expert = native.dispatch_counts(
+                    is_token_in_rank.data_ptr(), num_tokens, num_tokens_per_expert.data_ptr(), num_experts,
+                    topk_idx.data_ptr() if num_topk else 0, num_topk, expert_alignment, num_worst_tokens, config,
+                    rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), stream)
+                if num_worst_tokens:
+                    num_recv, per_expert = num_worst_tokens, []
+            else:
+                # The counts are known: the notify step only refreshes the channel starts.
+                native.dispatch_counts(is_token_in_rank.data_ptr(), num_tokens, 0, 0, 0, 0, 1, num_recv, config,
+                                       rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), stream)
+                per_expert = None
+            recv_x = torch.empty((num_recv, hidden), dtype=data.dtype, device=dev)
+            recv_scales = torch.empty((num_recv, num_scales), dtype=scales.dtype, device=dev) \
+                if scales is not None else None
+            recv_topk_idx = torch.empty((num_recv, num_topk), dtype=_TOPK_IDX_DTYPE, device=dev) if num_topk else None
+            recv_topk_weights = torch.empty((num_recv, num_topk), dtype=torch.float32, device=dev) \
+                if num_topk else None
+            recv_src_idx = torch.empty(num_recv, dtype=torch.int32, device=dev)
+            native.dispatch(
+                data.data_ptr(), num_tokens, hidden * data.element_size(),
+                scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
+                topk_idx.data_ptr() if num_topk else 0, topk_weights.data_ptr() if num_topk else 0, num_topk,
+                num_experts, is_token_in_rank.data_ptr(), rank_prefix_matrix.data_ptr(), num_recv,
+                num_worst_tokens if not cached else num_recv, config, recv_x.data_ptr(),
+                recv_scales.data_ptr() if recv_scales is not None else 0,
+                recv_topk_idx.data_ptr() if num_topk else 0, recv_topk_weights.data_ptr() if num_topk else 0,
+                recv_src_idx.data_ptr(), stream)
+        except BaseException:
+            self._abort_op(compute, allocate_on_comm_stream)
+            raise
+        event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
+                              (data, scales, topk_idx, topk_weights, is_token_in_rank, rank_prefix_matrix,
+                               source_num_tokens, recv_x, recv_scales, recv_topk_idx, recv_topk_weights,
+                               recv_src_idx))
+        out_x = (recv_x, recv_scales) if scales is not None else recv_x
+        if cached:
+            return out_x, None, None, None, None, event
+        new_handle = (rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank)
+        return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, event
+
+    def combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None, bias=None,
+                config=None, previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                allocate_on_comm_stream: bool = False):
+        """Sends each row of ``x`` back to the rank its token came from and sums
+        the rows of each token there (fp32), plus ``bias`` (a tensor or a tuple of
+        two). Returns ``(combined_x, combined_topk_weights or None, event)``."""
+        op = "combine"
+        config = self._config(op, config, Buffer.get_combine_config)
+        rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank = self._check_handle(op, handle)
+        num_rows = recv_src_idx.shape[0]
+        num_tokens = is_token_in_rank.shape[0]
+        check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
+        if x.shape[0] != num_rows:
+            fail(op, "x", f"of {num_rows} rows (the handle's receive count)", f"shape {tuple(x.shape)}")
+        hidden = x.shape[1]
+        if hidden % 8:
+            fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
+        num_topk = 0
+        if topk_weights is not None:
+            check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=self._device)
+            num_topk = topk_weights.shape[1]
+            if topk_weights.shape[0] != num_rows:
+                fail(op, "topk_weights", f"of {num_rows} rows like x", f"shape {tuple(topk_weights.shape)}")
+        biases = bias if isinstance(bias, tuple) else (bias,)
+        if len(biases) > 2:
+            fail(op, "bias", "None, a tensor or a tuple of two tensors", f"a tuple of {len(biases)}", TypeError)
+        biases = [b for b in biases if b is not None]
+        for i, b in enumerate(biases):
+            check_tensor(op, f"bias[{i}]" if isinstance(bias, tuple) else "bias", b, dtype=torch.bfloat16,
+                         shape=(num_tokens, hidden), device=self._device)
+        bias0 = biases[0].data_ptr() if biases else 0
+        bias1 = biases[1].data_ptr() if len(biases) > 1 else 0
+
+        compute = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        try:
+            combined_x = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=self._device)
+            combined_w = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=self._device) \
+                if num_topk else None
+            self._native.combine(
+                x.data_ptr(), num_rows, hidden, topk_weights.data_ptr() if num_topk else 0, num_topk, bias0, bias1,
+                rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), recv_src_idx.data_ptr(),
+                is_token_in_rank.data_ptr(), num_tokens, config, combined_x.data_ptr(),
+                combined_w.data_ptr() if num_topk else 0, self._comm_raw)
+        except BaseException:
+            self._abort_op(compute, allocate_on_comm_stream)
+            raise
+        event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
+                              (x, topk_weights, *biases, rank_prefix_matrix, source_num_tokens, recv_src_idx,
+                               is_token_in_rank, combined_x, combined_w))
+        return combined_x, combined_w, event
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------
 

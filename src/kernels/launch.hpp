@@ -22,8 +22,8 @@ struct LayoutParams {
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
 
 // `control` is the device table of every NVL peer's control region.
-void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, int first_peer_rank,
-                    const WaitContext& ctx, cudaStream_t stream);
+void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, const WaitContext& ctx,
+                    cudaStream_t stream);
 
 // `peers`: device table of NVL peers' user buffers.
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,

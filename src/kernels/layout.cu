@@ -4,6 +4,7 @@
 
 #include "kernels/device/error_record.cuh"
 #include "kernels/launch.hpp"
+#include "turnout/config.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -30,8 +31,14 @@ __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams 
     const int64_t* row = a.topk_idx + static_cast<int64_t>(t) * a.num_topk;
     bool* in_rank = a.is_token_in_rank + static_cast<int64_t>(t) * p.num_ranks;
     for (int r = 0; r < p.num_ranks; ++r) in_rank[r] = false;
-    for (int k = 0; k < a.num_topk; ++k) {
-      const int64_t e = row[k];
+    // The row in registers first, every load in flight at once: the walk
+    // below would otherwise wait out one memory round trip per slot.
+    int64_t ids[kMaxTopk];
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) ids[k] = k < a.num_topk ? __ldg(row + k) : -1;
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) {
+      const int64_t e = ids[k];
       if (e == -1) continue;
       if (e < -1 || e >= a.num_experts) {
         device::record_error(p.errors, DeviceErrorCode::kInvalidExpert, p.rank, k, 0, t, e);
@@ -42,8 +49,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams 
       // A token counts once per distinct expert, rank and RDMA rank: compare
       // with the earlier valid slots of the same row (top-k is short).
       bool new_expert = true, new_rank = true, new_rdma = true;
+#pragma unroll
       for (int j = 0; j < k; ++j) {
-        const int64_t f = row[j];
+        const int64_t f = ids[j];
         if (f < 0 || f >= a.num_experts) continue;
         const int frank = static_cast<int>(f) / experts_per_rank;
         new_expert &= f != e;

@@ -12,6 +12,7 @@ struct WaitContext {
   DeviceErrorSlot errors;
   uint64_t timeout_ns;
   int rank;
+  int first_nvl_rank;  // global rank of NVL index 0 (peers are marked by index)
 };
 
 }  // namespace turnout::kernels

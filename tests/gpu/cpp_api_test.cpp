@@ -1,6 +1,6 @@
 // The C++ API alone, no Python: one process per GPU bootstrapped over TCP,
-// get_dispatch_layout against the host reference, and peer stores and loads
-// across every pair. Exit status 0 when every rank passed.
+// get_dispatch_layout against the host reference, peer stores and loads
+// across every pair, and an intranode dispatch and combine. Exit status 0 when every rank passed.
 //
 //   turnout_gpu_cpp_test [num_ranks] [port]
 #include <sys/wait.h>
@@ -103,15 +103,98 @@ int check_peer_memory(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
   return 0;
 }
 
+// Every token to every rank, then back: token t of rank s carries the value
+// s * T + t (exact in bf16), so each received row and each sum is known.
+int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream_t stream) {
+  constexpr int T = 32, H = 256;
+  std::vector<uint16_t> x(T * H);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) x[t * H + h] = turnout::reference::double_to_bf16(rank * T + t);
+  std::vector<uint8_t> in_rank(T * num_ranks, 1);
+  std::vector<int32_t> per_expert(num_ranks, T);  // one expert per rank
+  const int R = num_ranks, rows = R * T;
+  void *d_x, *d_in_rank, *d_per_expert, *d_meta, *d_recv, *d_src, *d_out;
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_x, x.size() * 2));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_in_rank, in_rank.size()));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_per_expert, R * 4));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_meta, (R * R + R) * 4));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_recv, size_t(rows) * H * 2));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_src, rows * 4));
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_out, x.size() * 2));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(d_in_rank, in_rank.data(), in_rank.size(), cudaMemcpyHostToDevice));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(d_per_expert, per_expert.data(), R * 4, cudaMemcpyHostToDevice));
+  auto* prefix = static_cast<int32_t*>(d_meta);
+
+  turnout::DispatchCountsArgs counts;
+  counts.num_tokens = T;
+  counts.is_token_in_rank = static_cast<const bool*>(d_in_rank);
+  counts.num_tokens_per_expert = static_cast<const int32_t*>(d_per_expert);
+  counts.num_experts = R;
+  counts.num_sms = 4;
+  counts.rank_prefix_matrix = prefix;
+  counts.source_num_tokens = prefix + R * R;
+  const turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
+  EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
+  EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
+         "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
+
+  turnout::DispatchArgs d;
+  d.x = d_x;
+  d.num_tokens = T;
+  d.row_bytes = H * 2;
+  d.is_token_in_rank = counts.is_token_in_rank;
+  d.rank_prefix_matrix = prefix;
+  d.num_recv_rows = rows;
+  d.num_sms = 4;
+  d.recv_x = d_recv;
+  d.recv_src_idx = static_cast<int32_t*>(d_src);
+  buffer.dispatch(d, stream);
+
+  turnout::CombineArgs c;
+  c.x = d_recv;
+  c.num_rows = rows;
+  c.hidden = H;
+  c.rank_prefix_matrix = prefix;
+  c.source_num_tokens = prefix + R * R;
+  c.recv_src_idx = static_cast<const int32_t*>(d_src);
+  c.is_token_in_rank = counts.is_token_in_rank;
+  c.num_tokens = T;
+  c.num_sms = 4;
+  c.combined_x = d_out;
+  buffer.combine(c, stream);
+  buffer.synchronize(stream, "intranode check");
+
+  std::vector<uint16_t> recv(size_t(rows) * H), out(x.size());
+  std::vector<int32_t> src(rows);
+  TURNOUT_CUDA_CHECK(cudaMemcpy(recv.data(), d_recv, recv.size() * 2, cudaMemcpyDeviceToHost));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(src.data(), d_src, rows * 4, cudaMemcpyDeviceToHost));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < rows; ++i) {
+    const int s = i / T, t = i % T;  // rows by source rank, then source token
+    EXPECT(src[i] == t, "recv_src_idx[%d] = %d, expected %d", i, src[i], t);
+    for (int h = 0; h < H; ++h)
+      EXPECT(recv[size_t(i) * H + h] == turnout::reference::double_to_bf16(s * T + t), "recv_x[%d, %d]", i, h);
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      EXPECT(out[t * H + h] == turnout::reference::double_to_bf16(double(R) * (rank * T + t)),
+             "combined_x[%d, %d] = bf16 bits %u", t, h, unsigned(out[t * H + h]));
+  for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out}) TURNOUT_CUDA_CHECK(cudaFree(p));
+  return 0;
+}
+
 int run_rank(int rank, int num_ranks, uint16_t port) {
   try {
     TURNOUT_CUDA_CHECK(cudaSetDevice(rank));
     turnout::TcpBootstrap bootstrap(rank, num_ranks, "127.0.0.1", port, std::chrono::seconds(60));
     turnout::BufferOptions options;
-    options.num_nvl_bytes = size_t(num_ranks) << 20;
+    options.num_nvl_bytes = turnout::Config(4, 8, 256).get_nvl_buffer_size_hint(256 * 2, num_ranks);
     turnout::Buffer buffer(bootstrap, options);
     cudaStream_t stream = buffer.comm_stream();
-    if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream)) return 1;
+    if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream) ||
+        check_intranode(buffer, rank, num_ranks, stream))
+      return 1;
     buffer.destroy();
     std::printf("rank %d: ok\n", rank);
     return 0;

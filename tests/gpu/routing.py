@@ -33,3 +33,16 @@ def holes(num_tokens: int, num_experts: int, num_topk: int, gen: torch.Generator
     idx = uniform(num_tokens, num_experts, num_topk, gen, "cpu")
     idx[torch.rand(idx.shape, generator=gen) < fraction] = -1
     return idx.to(device)
+
+
+def one_rank(num_tokens: int, num_experts: int, num_topk: int, num_ranks: int, gen: torch.Generator,
+             device) -> torch.Tensor:
+    """Every token's experts all live on one (random) rank."""
+    per_rank = num_experts // num_ranks
+    target = int(torch.randint(num_ranks, (1,), generator=gen))
+    scores = torch.full((num_tokens, num_experts), -1.0)
+    scores[:, target * per_rank:(target + 1) * per_rank] = torch.rand(num_tokens, per_rank, generator=gen) + 1
+    k = min(num_topk, per_rank)
+    idx = torch.full((num_tokens, num_topk), -1, dtype=torch.int64)
+    idx[:, :k] = scores.topk(k, dim=-1).indices
+    return idx.to(device)

@@ -7,4 +7,4 @@ PNG. Adding one is a module plus an entry below.
 """
 
 #: The subcommands, in the order a plain ``python -m turnout.bench`` runs them.
-SUBCOMMANDS = ("ceiling", "layout")
+SUBCOMMANDS = ("ceiling", "layout", "intranode")

@@ -67,7 +67,8 @@ def write_json(doc: Dict, path: str) -> None:
 
 def plot(panels: Dict[str, Dict], path: str) -> bool:
     """One panel per subcommand from its ``plot_series`` dict (``x``, ``y``,
-    ``xlabel``, ``ylabel``, optional ``ref``: a ``(value, label)`` line);
+    ``xlabel``, ``ylabel``, optional ``series``: ``(label, x, y)`` lines
+    instead of one, optional ``ref``: a ``(value, label)`` line);
     returns False, writing nothing, when matplotlib is missing or there is
     nothing to draw."""
     try:
@@ -81,7 +82,8 @@ def plot(panels: Dict[str, Dict], path: str) -> bool:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (name, panel) in zip(axes[0], panels.items()):
-        ax.plot(panel["x"], panel["y"], marker="o", label=panel["ylabel"])
+        for label, xs, ys in panel.get("series", [(panel["ylabel"], panel["x"], panel.get("y"))]):
+            ax.plot(xs, ys, marker="o", label=label)
         if panel.get("ref"):
             value, label = panel["ref"]
             ax.axhline(value, color="gray", linestyle="--", label=label)

@@ -23,6 +23,8 @@ __device__ __forceinline__ bool bounded_wait(const WaitContext& ctx, int peer, W
       const uint64_t elapsed = global_timer_ns() - start;
       if (error_recorded(ctx.errors)) return false;
       if (elapsed > ctx.timeout_ns) {
+        const int index = peer - ctx.first_nvl_rank;
+        if (index >= 0 && index < kMaxNvlRanks) ctx.errors.record->missing[index] = 1;
         record_error(ctx.errors, DeviceErrorCode::kTimeout, ctx.rank, peer, static_cast<int>(site),
                      static_cast<int64_t>(elapsed), 0);
         return false;

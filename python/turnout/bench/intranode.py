@@ -1,0 +1,156 @@
+"""intranode: normal dispatch (BF16, FP8) and combine (BF16) on one host, as
+TARGETS.md measures them: 4096 tokens per rank, hidden 7168, top-8 of 256
+experts, uniform load; each call timed alone with CUDA events after an L2
+flush; median of 50 after 50 warm-ups. Bandwidth is the logical figure:
+bytes this rank receives (its own tokens included) over the call's time.
+Then sweeps over tokens and SMs, and the host time of one call."""
+import statistics
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..buffer import Buffer
+from .. import Config
+from ..launch import run_on_local_gpus
+from .progress import Progress
+from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
+from .timing import time_each
+
+TITLE = (f"intranode: dispatch / combine, hidden 7168, top-8 of 256 experts; logical GB/s per rank (median over "
+         f"ranks), % of NVLink raw {NVLINK_RAW_GBPS:.0f} GB/s; target >= 450 GB/s with <= 24 SMs")
+
+COLUMNS = [
+    column("op", "op"),
+    column("tokens", "tokens"),
+    column("SMs", "num_sms"),
+    column("time us", "time_us", "{:.1f}"),
+    column("GB/s", "gbps", "{:.1f}"),
+    range_column("GB/s over ranks", "gbps"),
+    column("% of raw", "pct_of_raw", "{:.1f}"),
+    column("host us", "host_us", "{:.1f}"),
+]
+
+HIDDEN, NUM_EXPERTS, NUM_TOPK = 7168, 256, 8
+MAIN_TOKENS, MAIN_SMS = 4096, 24
+SWEEP_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
+SWEEP_SMS = (8, 12, 16, 20, 24, 32)
+FLUSH_BYTES = 256 << 20
+OPS = ("dispatch bf16", "dispatch fp8", "combine bf16")
+
+
+def config_for(num_sms: int) -> Config:
+    return Config(num_sms, 8, 256)
+
+
+def inputs(num_tokens: int):
+    scores = torch.randn(num_tokens, NUM_EXPERTS, device="cuda").abs() + 1
+    topk_idx = scores.topk(NUM_TOPK, dim=-1).indices
+    topk_weights = torch.rand(num_tokens, NUM_TOPK, device="cuda")
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    x_fp8 = (torch.randint(0, 120, (num_tokens, HIDDEN), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
+             torch.rand(HIDDEN // 128, num_tokens, device="cuda").t())
+    return topk_idx, topk_weights, x, x_fp8
+
+
+def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, warmup: int, flush) -> List[Dict]:
+    topk_idx, topk_weights, x, x_fp8 = inputs(num_tokens)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
+    config = config_for(num_sms)
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                  topk_idx=topk_idx, topk_weights=topk_weights, config=config)
+    out = buffer.dispatch(x, **layout)
+    recv_x, handle = out[0], out[4]
+    num_recv = recv_x.shape[0]
+    rows = []
+    calls = {
+        "dispatch bf16": (lambda: buffer.dispatch(x, **layout), num_recv * HIDDEN * 2),
+        "dispatch fp8": (lambda: buffer.dispatch(x_fp8, **layout), num_recv * HIDDEN * 2 * (1 + 4 / 128) / 2),
+        "combine bf16": (lambda: buffer.combine(recv_x, handle, config=config), num_recv * HIDDEN * 2),
+    }
+    for op in OPS:
+        fn, num_bytes = calls[op]
+        t = statistics.median(time_each(fn, iters, warmup, before=flush.zero_))
+        rows.append({"bench": "intranode", "op": op, "tokens": num_tokens, "num_sms": num_sms, "time_us": t,
+                     "recv_tokens": num_recv, "gbps": num_bytes / (t * 1e-6) / 1e9})
+    return rows
+
+
+def host_times(buffer: Buffer, iters: int) -> List[Dict]:
+    """CPU time of one call that does not wait for the GPU: dispatch with
+    num_worst_tokens, and combine; median over calls (the GPU drains between)."""
+    topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
+    config = config_for(MAIN_SMS)
+    worst = MAIN_TOKENS * buffer.group_size
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                  topk_idx=topk_idx, topk_weights=topk_weights, config=config)
+    out = buffer.dispatch(x, **layout)
+    calls = {"dispatch bf16": lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout),
+             "combine bf16": lambda: buffer.combine(out[0], out[4], config=config)}
+    rows = []
+    for op, fn in calls.items():
+        samples = []
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        torch.cuda.synchronize()
+        rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": MAIN_TOKENS, "num_sms": MAIN_SMS,
+                     "host_us": statistics.median(samples)})
+    return rows
+
+
+def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
+    warmup, iters = (5, 10) if quick else (50, 50)
+    torch.manual_seed(rank)
+    sweep_tokens = (1024, 4096) if quick else SWEEP_TOKENS
+    sweep_sms = (12, 24) if quick else SWEEP_SMS
+    points = [(MAIN_TOKENS, MAIN_SMS), (MAIN_TOKENS, 12)]
+    points += [(t, MAIN_SMS) for t in sweep_tokens if (t, MAIN_SMS) not in points]
+    points += [(MAIN_TOKENS, s) for s in sweep_sms if (MAIN_TOKENS, s) not in points]
+    num_nvl_bytes = config_for(max(s for _, s in points)).get_nvl_buffer_size_hint(HIDDEN * 2, world_size)
+    buffer = Buffer(dist.group.WORLD, num_nvl_bytes=num_nvl_bytes)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    progress = Progress(len(points) + 1, "intranode", enabled=rank == 0)
+    rows = []
+    for num_tokens, num_sms in points:
+        progress.step(f"{num_tokens} tokens, {num_sms} SMs")
+        rows += measure_point(buffer, num_tokens, num_sms, iters, warmup, flush)
+    progress.step("host time")
+    rows += host_times(buffer, 20 if quick else 100)
+    progress.close()
+    return rows
+
+
+def merge(per_rank: List[List[Dict]]) -> List[Dict]:
+    merged = []
+    for rows in zip(*per_rank):
+        row = dict(rows[0])
+        for key in ("gbps", "time_us", "host_us"):
+            values = [r[key] for r in rows if r.get(key) is not None]
+            if values:
+                row[key] = statistics.median(values)
+                row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
+        if row.get("gbps") is not None:
+            row["pct_of_raw"] = pct_of_raw(row["gbps"])
+        row["ranks"] = len(rows)
+        merged.append(row)
+    return merged
+
+
+def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
+    return merge(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"))
+
+
+def plot_series(rows: List[Dict]) -> Dict:
+    series = []
+    for op in OPS:
+        pts = sorted((r["tokens"], r["gbps"]) for r in rows
+                     if r["op"] == op and r["num_sms"] == MAIN_SMS and r.get("gbps") is not None)
+        series.append((f"{op}, {MAIN_SMS} SMs", [p[0] for p in pts], [p[1] for p in pts]))
+    return {"series": series, "x": series[0][1], "xlabel": "tokens per rank", "ylabel": "logical GB/s per rank",
+            "ref": (450.0, "target 450 GB/s")}

@@ -1,0 +1,252 @@
+// Intranode combine, dispatch in reverse: the send block of a channel returns
+// this rank's expert-output rows to their source ranks (rows of one source are
+// sorted by source token, so a channel's rows are a contiguous range); the
+// receive block sums, for each of its tokens, the rows of every rank the token
+// went to, in rank order, in fp32. A coordinator warp hands ring slots back
+// once every token that used them is done.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/vector_copy.cuh"
+#include "kernels/intranode/launch.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout::kernels {
+namespace {
+
+// Fewer threads than dispatch: each reducing lane keeps 2 x ranks words in
+// flight, which needs the registers.
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kWorkers = kWarps - 1;
+
+__device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); }
+
+// First row in [lo, hi) whose source index is >= token (rows are sorted).
+__device__ int lower_bound_rows(const int32_t* src_idx, int lo, int hi, int token) {
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (src_idx[mid] < token) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ void send_rows(const CombineParams& p, int channel) {
+  const CombineArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_warps = kWarps / R;
+  const int dst = warp / group_warps;
+  if (dst >= R) return;
+  const int g = warp % group_warps;
+  const IntranodeRegion& region = p.region;
+  const int C = region.num_channels, Q = region.ring_slots;
+  const int K = round_size(a.num_max_send_tokens, group_warps, Q);
+  const int lo = dst > 0 ? a.rank_prefix_matrix[(dst - 1) * R + me] : 0;
+  const int hi = a.rank_prefix_matrix[dst * R + me];
+  const int src_tokens = a.source_num_tokens[dst];
+  const int r0 = lower_bound_rows(a.recv_src_idx, lo, hi, channel_begin(src_tokens, channel, C));
+  const int r1 = lower_bound_rows(a.recv_src_idx, lo, hi, channel_begin(src_tokens, channel + 1, C));
+  char* peer = bytes(p.peers.buffers[dst]);
+  char* ring = peer + region.ring(channel, me);
+  int32_t* tail = reinterpret_cast<int32_t*>(peer + region.tail(channel, me));
+  const int32_t* head = reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst));
+  const CombineSlot& s = p.slot;
+  const int n16 = s.row_bytes / 16;
+
+  int known_head = 0;
+  bool ok = true;
+  const int total = r1 - r0;
+  for (int n = 0; n < total; ++n) {
+    if (n % K == 0 && ok && known_head < n + K - Q) {
+      if (lane == 0)
+        ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + dst, WaitSite::kCombineData, [&] {
+          known_head = device::load_acquire_sys(head);
+          return known_head >= n + K - Q;
+        });
+      ok = __shfl_sync(~0u, ok, 0);
+      known_head = __shfl_sync(~0u, known_head, 0);
+    }
+    if (ok && n % group_warps == g) {
+      const int64_t row = r0 + n;
+      char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
+      device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + row * s.row_bytes, n16, lane);
+      if (lane < a.num_topk)
+        reinterpret_cast<float*>(slot + s.weights)[lane] = a.topk_weights[row * a.num_topk + lane];
+    }
+    if (n % K == K - 1) {
+      device::named_barrier(1 + dst, group_warps * 32);
+      if (ok && g == 0 && lane == 0) device::store_release_sys(tail, n + 1);
+    }
+  }
+  if (total % K != 0) {
+    device::named_barrier(1 + dst, group_warps * 32);
+    if (ok && g == 0 && lane == 0) device::store_release_sys(tail, total);
+  }
+}
+
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
+// Worker warp w reduces the channel's tokens t0 + w, t0 + w + kWorkers, ...;
+// s_next[w] is the first of its tokens it has not finished.
+__device__ void reduce_tokens(const CombineParams& p, int channel, volatile int* s_next) {
+  const CombineArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const IntranodeRegion& region = p.region;
+  const int C = region.num_channels, Q = region.ring_slots;
+  const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
+  char* self = bytes(p.peers.buffers[me]);
+  const CombineSlot& s = p.slot;
+  const int n16 = s.row_bytes / 16;
+  // Lane j < R watches ring (channel, j).
+  const int32_t* my_tail = lane < R ? reinterpret_cast<const int32_t*>(self + region.tail(channel, lane)) : nullptr;
+  int known_tail = 0;
+  int seen[kMaxNvlRanks] = {};  // tokens of earlier windows that went to each rank
+  bool ok = true;
+  for (int base = t0; base < t1 && ok; base += 32) {
+    const int t_lane = base + lane;
+    uint32_t masks[kMaxNvlRanks];
+#pragma unroll
+    for (int j = 0; j < kMaxNvlRanks; ++j)
+      masks[j] = j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+    const int first = ((warp - (base - t0)) % kWorkers + kWorkers) % kWorkers;
+    for (int i = first; i < 32 && base + i < t1; i += kWorkers) {
+      const int t = base + i;
+      const uint32_t below = (1u << i) - 1;
+      // Lane j waits until rank j's row for this token has landed.
+      int my_slot = -1;
+#pragma unroll
+      for (int j = 0; j < kMaxNvlRanks; ++j)
+        if (j == lane && ((masks[j] >> i) & 1)) my_slot = seen[j] + __popc(masks[j] & below);
+      bool lane_ok = true;
+      if (my_slot >= 0 && known_tail <= my_slot)
+        lane_ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + lane, WaitSite::kCombineData, [&] {
+          known_tail = device::load_acquire_sys(my_tail);
+          return known_tail > my_slot;
+        });
+      ok = __all_sync(~0u, lane_ok);
+      if (!ok) break;
+      // The ranks' rows in rank order (a fixed order: the sum is deterministic).
+      // Indexed by rank (constant indices keep them in registers); null: the
+      // token did not go there.
+      const char* rows[kMaxNvlRanks];
+#pragma unroll
+      for (int j = 0; j < kMaxNvlRanks; ++j) {
+        const int slot = __shfl_sync(~0u, my_slot, j);
+        rows[j] = j < R && slot >= 0
+                      ? self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes
+                      : nullptr;
+      }
+      const int64_t out_row = static_cast<int64_t>(t) * s.row_bytes;
+      constexpr int kUnroll = 2;
+      for (int v0 = lane; v0 < n16; v0 += 32 * kUnroll) {
+        // Every word of every row is in flight before the first add.
+        int4 words[kUnroll][kMaxNvlRanks];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int r = 0; r < kMaxNvlRanks; ++r)
+            if (rows[r] && v0 + 32 * u < n16) words[u][r] = device::load_shared_16(rows[r] + (v0 + 32 * u) * 16);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int v = v0 + 32 * u;
+          if (v >= n16) break;
+          float acc[8] = {};
+#pragma unroll
+          for (int r = 0; r < kMaxNvlRanks; ++r)
+            if (rows[r]) add_bf16x8(acc, words[u][r]);
+          if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
+          if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
+          int4 out;
+          auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+          device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, out);
+        }
+      }
+      if (a.combined_topk_weights && lane < a.num_topk) {
+        float w = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kMaxNvlRanks; ++r)
+          if (rows[r]) w += __int_as_float(device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
+        a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
+      }
+      __syncwarp();
+      if (lane == 0) s_next[warp] = t + kWorkers;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxNvlRanks; ++j) seen[j] += __popc(masks[j]);
+  }
+  if (lane == 0) s_next[warp] = t1;
+}
+
+// Hands ring slots back: head of ring (channel, j) = tokens before the first
+// unfinished one that came from rank j.
+__device__ void return_slots(const CombineParams& p, int channel, volatile int* s_next) {
+  const CombineArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int lane = threadIdx.x % 32;
+  const IntranodeRegion& region = p.region;
+  const int C = region.num_channels;
+  const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
+  int32_t* head = lane < R ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me))
+                           : nullptr;
+  int cursor = t0, done = 0, published = 0;
+  for (;;) {
+    int next = lane < kWorkers ? s_next[lane] : t1;
+    for (int o = 16; o > 0; o >>= 1) next = min(next, __shfl_xor_sync(~0u, next, o));
+    while (cursor < next) {
+      const int t = cursor + lane;
+      const bool in_range = t < next;
+      uint32_t mine = 0;
+      for (int j = 0; j < R; ++j) {
+        const uint32_t m = __ballot_sync(~0u, in_range && a.is_token_in_rank[static_cast<int64_t>(t) * R + j]);
+        if (j == lane) mine = m;
+      }
+      done += __popc(mine);
+      cursor = min(cursor + 32, next);
+    }
+    if (lane < R && done != published) {
+      device::store_release_sys(head, done);
+      published = done;
+    }
+    if (next >= t1 || device::error_recorded(p.ctx.errors)) break;
+    __nanosleep(64);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
+  if (device::error_recorded(p.ctx.errors)) return;
+  const int channel = blockIdx.x / 2;
+  if (blockIdx.x % 2 == 0) {
+    send_rows(p, channel);
+    return;
+  }
+  __shared__ int s_next[kWorkers];
+  const int warp = threadIdx.x / 32;
+  const int t0 = channel_begin(p.args.num_tokens, channel, p.region.num_channels);
+  if (threadIdx.x < kWorkers) s_next[threadIdx.x] = t0 + threadIdx.x;
+  __syncthreads();
+  if (warp < kWorkers) reduce_tokens(p, channel, s_next);
+  else return_slots(p, channel, s_next);
+}
+
+}  // namespace
+
+void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
+  combine_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace turnout::kernels

@@ -1,0 +1,217 @@
+// Intranode dispatch: each channel is a pair of blocks. The send block streams
+// the channel's tokens to every rank that needs them, a warp group per
+// destination, into a ring in the destination's buffer; the receive block
+// drains the rings written to this rank into the output rows. Flow control is
+// a tail (written by the sender after each round of tokens) and a head
+// (written back by the receiver), both monotonic within one call.
+#include <cuda_runtime.h>
+
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/vector_copy.cuh"
+#include "kernels/intranode/launch.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout::kernels {
+namespace {
+
+constexpr int kThreads = 768;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); }
+
+__device__ void send_tokens(const DispatchParams& p, int channel) {
+  const DispatchArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_warps = kWarps / R;
+  const int dst = warp / group_warps;
+  if (dst >= R) return;
+  const int g = warp % group_warps;
+  const IntranodeRegion& region = p.region;
+  const int C = region.num_channels, Q = region.ring_slots;
+  const int K = round_size(a.num_max_send_tokens, group_warps, Q);
+  const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
+  char* peer = bytes(p.peers.buffers[dst]);
+  char* ring = peer + region.ring(channel, me);
+  int32_t* tail = reinterpret_cast<int32_t*>(peer + region.tail(channel, me));
+  const int32_t* head = reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst));
+  const int first_expert = dst * p.experts_per_rank;
+  const int n16 = a.row_bytes / 16;
+  const DispatchSlot& s = p.slot;
+
+  int sent = 0, known_head = 0;
+  bool ok = true;
+  // Every warp of the group walks the same tokens and reaches the same round
+  // barriers; warp g copies the tokens whose position is g modulo the group.
+  for (int base = t0; base < t1; base += 32) {
+    const int t_lane = base + lane;
+    uint32_t mask = __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + dst]);
+    while (mask) {
+      const int t = base + __ffs(mask) - 1;
+      mask &= mask - 1;
+      const int n = sent++;
+      if (n % K == 0 && ok && known_head < n + K - Q) {
+        // The ring must have room for the whole round before it starts.
+        if (lane == 0)
+          ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + dst, WaitSite::kDispatchData, [&] {
+            known_head = device::load_acquire_sys(head);
+            return known_head >= n + K - Q;
+          });
+        ok = __shfl_sync(~0u, ok, 0);
+        known_head = __shfl_sync(~0u, known_head, 0);
+      }
+      if (ok && n % group_warps == g) {
+        char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
+        // The small loads first, so they overlap the row copy instead of
+        // adding their round trips after it.
+        const int64_t tk = static_cast<int64_t>(t) * a.num_topk;
+        int32_t local = -1;
+        float weight = 0.0f;
+        if (lane < a.num_topk) {
+          const int64_t e = a.topk_idx[tk + lane];
+          const float w = a.topk_weights[tk + lane];
+          const bool mine = e >= first_expert && e < first_expert + p.experts_per_rank;
+          local = mine ? static_cast<int32_t>(e - first_expert) : -1;
+          weight = mine ? w : 0.0f;
+        }
+        const auto* scales = static_cast<const int32_t*>(a.x_scales);
+        int32_t scale[2] = {};
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          if (lane + 32 * m < a.num_scales)
+            scale[m] = scales[t * a.scale_stride_token + (lane + 32 * m) * a.scale_stride_group];
+        device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16,
+                                    lane);
+        auto* slot_scales = reinterpret_cast<int32_t*>(slot + s.scales);
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          if (lane + 32 * m < a.num_scales) slot_scales[lane + 32 * m] = scale[m];
+        for (int i = lane + 64; i < a.num_scales; i += 32)
+          slot_scales[i] = scales[t * a.scale_stride_token + i * a.scale_stride_group];
+        if (lane < a.num_topk) {
+          reinterpret_cast<int32_t*>(slot + s.topk)[lane] = local;
+          reinterpret_cast<float*>(slot + s.weights)[lane] = weight;
+        }
+        if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
+      }
+      if (n % K == K - 1) {
+        device::named_barrier(1 + dst, group_warps * 32);
+        if (ok && g == 0 && lane == 0) device::store_release_sys(tail, n + 1);
+      }
+    }
+  }
+  if (sent % K != 0) {
+    device::named_barrier(1 + dst, group_warps * 32);
+    if (ok && g == 0 && lane == 0) device::store_release_sys(tail, sent);
+  }
+}
+
+__device__ void receive_tokens(const DispatchParams& p, int channel) {
+  const DispatchArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_warps = kWarps / R;
+  const int src = warp / group_warps;
+  __shared__ int32_t s_tail[kMaxNvlRanks];
+  if (src >= R) return;
+  const int g = warp % group_warps;
+  const IntranodeRegion& region = p.region;
+  const int C = region.num_channels, Q = region.ring_slots;
+  char* self = bytes(p.peers.buffers[me]);
+  const int32_t* starts = reinterpret_cast<const int32_t*>(self + region.channel_start) + src * (C + 1);
+  const int begin = starts[channel], count = starts[channel + 1] - begin;
+  const int64_t row0 = (src > 0 ? a.rank_prefix_matrix[(src - 1) * R + me] : 0) + begin;
+  const char* ring = self + region.ring(channel, src);
+  const int32_t* tail = reinterpret_cast<const int32_t*>(self + region.tail(channel, src));
+  int32_t* head = reinterpret_cast<int32_t*>(bytes(p.peers.buffers[src]) + region.head(channel, me));
+  const int n16 = a.row_bytes / 16;
+  const DispatchSlot& s = p.slot;
+
+  int consumed = 0;
+  while (consumed < count) {
+    if (g == 0 && lane == 0) {
+      int32_t t = 0;
+      const bool ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + src, WaitSite::kDispatchData, [&] {
+        t = device::load_acquire_sys(tail);
+        return t > consumed;
+      });
+      s_tail[src] = ok ? t : -1;
+    }
+    device::named_barrier(1 + src, group_warps * 32);
+    const int avail = s_tail[src];
+    if (avail < 0) break;
+    for (int n = consumed + g; n < avail; n += group_warps) {
+      const char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
+      const int64_t row = row0 + n;
+      // Small loads first (from L2: another GPU wrote them), then the row.
+      const auto* meta = reinterpret_cast<const int32_t*>(slot);
+      int32_t scale[2] = {}, topk = 0, weight = 0, src_idx = 0;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (lane + 32 * m < a.num_scales) scale[m] = __ldcg(meta + s.scales / 4 + lane + 32 * m);
+      if (lane < a.num_topk) {
+        topk = __ldcg(meta + s.topk / 4 + lane);
+        weight = __ldcg(meta + s.weights / 4 + lane);
+      }
+      if (lane == 0) src_idx = __ldcg(meta + s.src / 4);
+      device::warp_copy_16<true>(static_cast<char*>(a.recv_x) + row * a.row_bytes, slot, n16, lane);
+      auto* out_scales = static_cast<int32_t*>(a.recv_x_scales) + row * a.num_scales;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (lane + 32 * m < a.num_scales) out_scales[lane + 32 * m] = scale[m];
+      for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = __ldcg(meta + s.scales / 4 + i);
+      if (lane < a.num_topk) {
+        a.recv_topk_idx[row * a.num_topk + lane] = topk;
+        a.recv_topk_weights[row * a.num_topk + lane] = __int_as_float(weight);
+      }
+      if (lane == 0) a.recv_src_idx[row] = src_idx;
+    }
+    // Every warp has read its slots: hand them back to the sender.
+    device::named_barrier(1 + src, group_warps * 32);
+    if (g == 0 && lane == 0) device::store_release_sys(head, avail);
+    consumed = avail;
+  }
+}
+
+// Rows past the received ones (num_worst_tokens) get no expert and no source.
+__device__ void fill_padding(const DispatchParams& p, int receiver, int num_receivers) {
+  const DispatchArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int num_recv = a.rank_prefix_matrix[(R - 1) * R + me];
+  const int64_t per_row = 1 + a.num_topk;
+  const int64_t total = (a.num_recv_rows - static_cast<int64_t>(num_recv)) * per_row;
+  for (int64_t i = receiver * static_cast<int64_t>(kThreads) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(num_receivers) * kThreads) {
+    const int64_t row = num_recv + i / per_row;
+    const int k = static_cast<int>(i % per_row);
+    if (k == 0) {
+      a.recv_src_idx[row] = -1;
+    } else {
+      a.recv_topk_idx[row * a.num_topk + k - 1] = -1;
+      a.recv_topk_weights[row * a.num_topk + k - 1] = 0.0f;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
+  const char* self = bytes(p.peers.buffers[p.peers.rank]);
+  // The counts step found a bad bound (every rank skips) or a peer missing.
+  if (device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.status)) != 0) return;
+  if (device::error_recorded(p.ctx.errors)) return;
+  const int channel = blockIdx.x / 2;
+  if (blockIdx.x % 2 == 0) {
+    send_tokens(p, channel);
+  } else {
+    if (p.args.num_worst_tokens > 0) fill_padding(p, channel, p.region.num_channels);
+    receive_tokens(p, channel);
+  }
+}
+
+}  // namespace
+
+void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream) {
+  dispatch_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace turnout::kernels

@@ -1,0 +1,83 @@
+// Launchers of the intranode kernels. The ops layer has checked the arguments
+// and sized the region; these only pack parameters and launch.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/intranode/region.hpp"
+#include "kernels/wait_context.hpp"
+#include "turnout/intranode.hpp"
+
+namespace turnout::kernels {
+
+// Where the counts step leaves the receive sizes for the host (host-mapped).
+// The host picks a new `sequence` per call and spins until the kernel has
+// written it, after the counts.
+struct RecvCountsMailbox {
+  int32_t sequence;
+  int32_t num_recv_tokens;
+  int32_t num_recv_tokens_per_expert[1];  // [L], really
+};
+inline constexpr int64_t kMailboxBytes = 64 * 1024;
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 8) / 4;
+
+// The grid limits: one channel is a send block and a receive block.
+inline constexpr int kMaxChannels = 128;
+
+struct Peers {
+  void* const* control;  // device table of NVL peers' control regions
+  void* const* buffers;  // device table of NVL peers' user buffers
+  int rank;              // this rank (one NVL domain: its index there too)
+  int num_ranks;
+};
+
+// Meets the peers, resets this rank's ring counters, and (with `counts`)
+// exchanges the counts of a dispatch; the mailbox (may be null) gets the
+// receive sizes. Without `counts` it only prepares the rings (combine).
+struct NotifyParams {
+  Peers peers;
+  IntranodeRegion region;
+  bool exchange_counts;
+  DispatchCountsArgs counts;
+  RecvCountsMailbox* mailbox;  // device view of host-mapped memory, or null
+  int32_t sequence;
+  WaitContext ctx;
+};
+void launch_intranode_notify(const NotifyParams& p, cudaStream_t stream);
+
+struct DispatchParams {
+  Peers peers;
+  IntranodeRegion region;
+  DispatchSlot slot;
+  DispatchArgs args;
+  int experts_per_rank;  // L (0 without top-k)
+  WaitContext ctx;
+};
+void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);
+
+struct CombineParams {
+  Peers peers;
+  IntranodeRegion region;
+  CombineSlot slot;
+  CombineArgs args;
+  WaitContext ctx;
+};
+void launch_intranode_combine(const CombineParams& p, cudaStream_t stream);
+
+// The token range [begin(c), begin(c + 1)) of channel c: contiguous, so the
+// tokens of one channel stay in source order.
+__host__ __device__ inline int channel_begin(int num_tokens, int channel, int num_channels) {
+  return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
+}
+
+// Tokens a sender group writes between two tail updates: the config's hint
+// rounded up to a multiple of the group, so every warp copies the same number
+// each round (unless that would exceed the ring).
+__host__ __device__ inline int round_size(int hint, int group_warps, int ring_slots) {
+  const int k = (hint + group_warps - 1) / group_warps * group_warps;
+  return k <= ring_slots ? k : hint;
+}
+
+}  // namespace turnout::kernels

@@ -1,0 +1,151 @@
+// The step before the data moves: meet the peers (none still touches our
+// rings), reset our ring counters, then hand every peer what it needs from us:
+// how many tokens we send it, per channel and per expert. One block.
+#include <cuda_runtime.h>
+
+#include "kernels/device/error_record.cuh"
+#include "kernels/device/nvl_barrier.cuh"
+#include "kernels/intranode/launch.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout::kernels {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ int32_t* at(void* base, int64_t offset) {
+  return reinterpret_cast<int32_t*>(static_cast<char*>(base) + offset);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const IntranodeRegion& g = p.region;
+  const int C = g.num_channels;
+  void* self = p.peers.buffers[me];
+  // Barrier 1: every peer has finished the previous op, so no late write can
+  // land in the counters we reset next.
+  if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
+  for (int i = threadIdx.x; i < C * R; i += kThreads) {
+    at(self, g.tails)[i] = 0;
+    at(self, g.heads)[i] = 0;
+  }
+  if (threadIdx.x == 0) *at(self, g.status) = 0;
+
+  if (p.exchange_counts) {
+    const DispatchCountsArgs& a = p.counts;
+    // Tokens we send each rank, per channel: a warp per channel.
+    __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int c = warp; c < C; c += kWarps) {
+      const int t0 = channel_begin(a.num_tokens, c, C), t1 = channel_begin(a.num_tokens, c + 1, C);
+      int count[kMaxNvlRanks] = {};
+      for (int t = t0 + lane; t < t1; t += 32)
+        for (int j = 0; j < R; ++j) count[j] += a.is_token_in_rank[static_cast<int64_t>(t) * R + j] ? 1 : 0;
+      for (int j = 0; j < R; ++j) {
+        int v = count[j];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+        if (lane == 0) s_start[c + 1][j] = v;
+      }
+    }
+    // Expert ids: a bad one stops every rank (see below), so none is dropped
+    // silently and nothing lands in a peer's outputs.
+    __shared__ int s_bad;
+    if (threadIdx.x == 0) s_bad = 0;
+    __syncthreads();
+    const int64_t num_ids = static_cast<int64_t>(a.num_tokens) * a.num_topk;
+    for (int64_t i = threadIdx.x; i < num_ids; i += kThreads) {
+      const int64_t e = a.topk_idx[i];
+      if (e < -1 || e >= a.num_experts) {
+        s_bad = 1;
+        device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
+                             static_cast<int>(i % a.num_topk), 0, i / a.num_topk, e);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+      const int j = threadIdx.x;
+      s_start[0][j] = 0;
+      for (int c = 1; c <= C; ++c) s_start[c][j] += s_start[c - 1][j];
+    }
+    __syncthreads();
+    // Our row of the matrix goes to everyone; the rest is per destination.
+    const int L = g.num_local_experts;
+    for (int i = threadIdx.x; i < R * R; i += kThreads) {
+      const int j = i / R, k = i % R;
+      at(p.peers.buffers[j], g.matrix)[me * R + k] = s_start[C][k];
+    }
+    for (int j = threadIdx.x; j < R; j += kThreads) {
+      int32_t* info = at(p.peers.buffers[j], g.source_info) + me * 4;
+      info[0] = a.num_tokens;
+      info[1] = a.num_worst_tokens;
+      info[2] = s_bad;
+    }
+    for (int i = threadIdx.x; i < R * (C + 1); i += kThreads) {
+      const int j = i / (C + 1), c = i % (C + 1);
+      at(p.peers.buffers[j], g.channel_start)[me * (C + 1) + c] = s_start[c][j];
+    }
+    if (a.num_tokens_per_expert)
+      for (int i = threadIdx.x; i < R * L; i += kThreads) {
+        const int j = i / L, l = i % L;
+        at(p.peers.buffers[j], g.expert_counts)[me * L + l] = a.num_tokens_per_expert[j * L + l];
+      }
+  }
+  // Barrier 2: our reset counters and every peer's counts are in place.
+  if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
+  if (!p.exchange_counts) return;
+
+  const DispatchCountsArgs& a = p.counts;
+  const int32_t* matrix = at(self, g.matrix);
+  const int32_t* info = at(self, g.source_info);
+  for (int j = threadIdx.x; j < R; j += kThreads) {
+    int sum = 0;
+    for (int i = 0; i < R; ++i) {
+      sum += matrix[i * R + j];
+      a.rank_prefix_matrix[i * R + j] = sum;
+    }
+    a.source_num_tokens[j] = info[j * 4];
+    // Every rank sees every rank's bound and input check, so all skip the data
+    // step together when any receiver would overflow or any input was bad.
+    const int worst = info[j * 4 + 1];
+    if (worst > 0 && sum > worst) {
+      *at(self, g.status) = 1;
+      device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank,
+                           p.ctx.first_nvl_rank + j, 0, worst, sum);
+    }
+    if (info[j * 4 + 2] != 0) {
+      *at(self, g.status) = 1;
+      if (j != me)
+        device::record_error(p.ctx.errors, DeviceErrorCode::kPeerInputError, p.ctx.rank, p.ctx.first_nvl_rank + j,
+                             0, 0, 0);
+    }
+  }
+  if (p.mailbox == nullptr) return;
+  const int L = g.num_local_experts;
+  const int align = a.expert_alignment;
+  if (a.num_tokens_per_expert)
+    for (int l = threadIdx.x; l < L; l += kThreads) {
+      int sum = 0;
+      for (int s = 0; s < R; ++s) sum += at(self, g.expert_counts)[s * L + l];
+      p.mailbox->num_recv_tokens_per_expert[l] = (sum + align - 1) / align * align;
+    }
+  if (threadIdx.x == 0) {
+    int sum = 0;
+    for (int s = 0; s < R; ++s) sum += matrix[s * R + me];
+    p.mailbox->num_recv_tokens = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    *static_cast<volatile int32_t*>(&p.mailbox->sequence) = p.sequence;
+  }
+}
+
+}  // namespace
+
+void launch_intranode_notify(const NotifyParams& p, cudaStream_t stream) {
+  notify_kernel<<<1, kThreads, 0, stream>>>(p);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace turnout::kernels

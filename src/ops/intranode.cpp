@@ -1,0 +1,193 @@
+// Intranode dispatch and combine: argument checks, the buffer region of the
+// call, the host wait for the receive counts, and the kernel launches.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "kernels/intranode/launch.hpp"
+#include "runtime/control_region.hpp"
+#include "turnout/buffer.hpp"
+#include "turnout/config.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout {
+namespace {
+
+constexpr double kHostGraceS = 2.0;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+// The channel layout of a config: checks shared by dispatch and combine.
+void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens, int device_sms) {
+  require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op,
+          "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms));
+  // Every block must be resident at once: senders and receivers wait on each other.
+  require(num_sms <= device_sms, op,
+          "config.num_sms must be <= the " + str(device_sms) + " SMs of this GPU, got " + str(num_sms));
+  require(send_tokens >= 1 && send_tokens <= recv_tokens, op,
+          "config needs 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
+              str(send_tokens) + " and " + str(recv_tokens));
+}
+
+void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t num_nvl_bytes) {
+  if (static_cast<size_t>(region.total) > num_nvl_bytes)
+    throw InvalidArgument(std::string(op) + ": num_nvl_bytes is too small for this call: it needs " + str(region.total) +
+                          " bytes (" + str(region.num_channels) + " channels x " + str(region.num_ranks) + " ranks x " +
+                          str(region.ring_slots) + " slots of " + str(region.slot_bytes) +
+                          " bytes, plus counts), the buffer has " + str(static_cast<int64_t>(num_nvl_bytes)) +
+                          "; size it with Config.get_nvl_buffer_size_hint");
+}
+
+kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_experts, int recv_tokens,
+                                         int slot_bytes) {
+  return kernels::make_intranode_region(num_ranks, num_sms / 2, num_experts / num_ranks, recv_tokens, slot_bytes);
+}
+
+}  // namespace
+
+DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t stream) {
+  const char* op = "dispatch";
+  require_alive(op);
+  check_errors(op);
+  if (!topology_.single_nvl_domain())
+    throw NotSupported("dispatch: groups that span several NVL domains (internode) are not available in this version");
+  const int R = topology_.num_ranks;
+  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
+  require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
+  require(a.num_tokens == 0 || a.is_token_in_rank, op, "is_token_in_rank must be given");
+  require(a.expert_alignment >= 1, op, "expert_alignment must be >= 1, got " + str(a.expert_alignment));
+  require(a.num_worst_tokens >= 0, op, "num_worst_tokens must be >= 0, got " + str(a.num_worst_tokens));
+  require(a.rank_prefix_matrix && a.source_num_tokens, op, "rank_prefix_matrix and source_num_tokens must be given");
+  require(a.num_topk >= 0 && a.num_topk <= kMaxTopk && (a.num_topk == 0 || a.num_tokens == 0 || a.topk_idx), op,
+          "num_topk must be in [0, " + str(kMaxTopk) + "] with topk_idx given, got " + str(a.num_topk));
+  if (a.num_tokens_per_expert || a.num_topk > 0) {
+    require(a.num_experts > 0 && a.num_experts % R == 0, op,
+            "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts));
+    require(a.num_experts / R <= kernels::kMaxMailboxExperts, op,
+            "at most " + str(kernels::kMaxMailboxExperts) + " experts per rank, got " + str(a.num_experts / R));
+  }
+  // Only the counts area is used here; the data step checks the rings.
+  const int experts = a.num_tokens_per_expert ? a.num_experts : 0;
+  const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, 16);
+  require(region.rings <= kernels::kIntranodeMetaBytes, op,
+          "the counts of " + str(experts) + " experts over " + str(a.num_sms / 2) + " channels exceed " +
+              str(kernels::kIntranodeMetaBytes) + " bytes");
+  require(static_cast<size_t>(region.rings) <= options_.num_nvl_bytes, op,
+          "num_nvl_bytes is too small for this call: it needs at least " + str(region.rings) + " bytes, the buffer has " +
+              str(static_cast<int64_t>(options_.num_nvl_bytes)));
+
+  const bool wait = a.num_worst_tokens == 0 && a.num_tokens_per_expert != nullptr;
+  auto* host_box = static_cast<kernels::RecvCountsMailbox*>(recv_counts_.get());
+  kernels::RecvCountsMailbox* device_box = nullptr;
+  if (wait) TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_box), host_box, 0));
+  const int32_t sequence = ++recv_counts_sequence_;
+  kernels::NotifyParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
+                          region,
+                          true,
+                          a,
+                          device_box,
+                          sequence,
+                          wait_context()};
+  kernels::launch_intranode_notify(p, stream);
+  DispatchCounts out;
+  if (!wait) return out;
+
+  // The one host wait of the normal path.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s_ + kHostGraceS);
+  const volatile int32_t* seen = &host_box->sequence;
+  while (*seen != sequence) {
+    if (errors_.timed_out()) check_errors(op);
+    const auto now = Clock::now();
+    if (now > deadline)
+      throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) + ": the receive counts did not arrive within " +
+                         std::to_string(timeout_s_ + kHostGraceS) + " s");
+    if (now - start > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // A bad input on any rank (recorded before the counts were posted).
+  check_errors(op);
+  out.num_recv_tokens = host_box->num_recv_tokens;
+  const int L = a.num_experts / R;
+  out.num_recv_tokens_per_expert.assign(host_box->num_recv_tokens_per_expert,
+                                        host_box->num_recv_tokens_per_expert + L);
+  return out;
+}
+
+void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
+  const char* op = "dispatch";
+  require_alive(op);
+  check_errors(op);
+  if (!topology_.single_nvl_domain())
+    throw NotSupported("dispatch: groups that span several NVL domains (internode) are not available in this version");
+  const int R = topology_.num_ranks;
+  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
+  require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
+  require(a.row_bytes > 0 && a.row_bytes % 16 == 0, op,
+          "the row of x must be a positive multiple of 16 bytes, got " + str(a.row_bytes));
+  // Empty tensors may have null pointers: only rows that exist need one.
+  require(a.num_scales >= 0 && (a.num_scales == 0 || a.num_tokens == 0 || a.x_scales), op,
+          "x_scales must be given with num_scales > 0");
+  require(a.num_topk >= 0 && a.num_topk <= kMaxTopk, op,
+          "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk));
+  if (a.num_topk > 0) {
+    require(a.num_tokens == 0 || (a.topk_idx && a.topk_weights), op,
+            "topk_idx and topk_weights must be given together");
+    require(a.num_experts > 0 && a.num_experts % R == 0, op,
+            "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts));
+    require(a.num_recv_rows == 0 || (a.recv_topk_idx && a.recv_topk_weights), op,
+            "recv_topk_idx and recv_topk_weights must be given with top-k");
+  }
+  require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
+  require(a.num_tokens == 0 || (a.x && a.is_token_in_rank), op, "x and is_token_in_rank must be given");
+  require(a.num_recv_rows == 0 || (a.recv_x && a.recv_src_idx), op, "recv_x and recv_src_idx must be given");
+  require(a.num_scales == 0 || a.num_recv_rows == 0 || a.recv_x_scales, op, "recv_x_scales must be given with scales");
+  require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
+  const auto slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
+  const int experts = a.num_topk > 0 ? a.num_experts : 0;
+  const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, slot.bytes);
+  check_fits(op, region, options_.num_nvl_bytes);
+  kernels::DispatchParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
+                            region,
+                            slot,
+                            a,
+                            a.num_topk > 0 ? a.num_experts / R : 0,
+                            wait_context()};
+  kernels::launch_intranode_dispatch(p, stream);
+}
+
+void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
+  const char* op = "combine";
+  require_alive(op);
+  check_errors(op);
+  if (!topology_.single_nvl_domain())
+    throw NotSupported("combine: groups that span several NVL domains (internode) are not available in this version");
+  const int R = topology_.num_ranks;
+  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
+  require(a.hidden > 0 && a.hidden % 8 == 0, op, "hidden must be a positive multiple of 8, got " + str(a.hidden));
+  require(a.num_rows >= 0 && a.num_tokens >= 0, op, "num_rows and num_tokens must be >= 0");
+  require(a.num_topk >= 0 && a.num_topk <= kMaxTopk, op,
+          "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk));
+  require(a.num_topk == 0 || ((a.num_rows == 0 || a.topk_weights) && (a.num_tokens == 0 || a.combined_topk_weights)),
+          op, "topk_weights and combined_topk_weights must be given together");
+  require(a.rank_prefix_matrix && a.source_num_tokens, op, "the handle's rank_prefix_matrix and counts must be given");
+  require(a.num_rows == 0 || (a.x && a.recv_src_idx), op, "x and the handle's recv_src_idx must be given");
+  require(a.num_tokens == 0 || (a.combined_x && a.is_token_in_rank), op,
+          "combined_x and the handle's is_token_in_rank must be given");
+  const auto slot = kernels::make_combine_slot(a.hidden, a.num_topk);
+  const auto region = kernels::make_intranode_region(R, a.num_sms / 2, 0, a.num_max_recv_tokens, slot.bytes);
+  check_fits(op, region, options_.num_nvl_bytes);
+  const kernels::Peers peers{nvl_->device_table(), peer_nvl_table(), topology_.rank, R};
+  kernels::NotifyParams prepare{peers, region, false, {}, nullptr, 0, wait_context()};
+  kernels::launch_intranode_notify(prepare, stream);
+  kernels::launch_intranode_combine({peers, region, slot, a, wait_context()}, stream);
+}
+
+}  // namespace turnout

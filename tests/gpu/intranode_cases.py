@@ -1,0 +1,207 @@
+"""Inputs of intranode dispatch/combine that every rank can rebuild for every
+other rank (seeded per rank), the host reference over all ranks, and the
+checks of one rank's results against it."""
+import dataclasses
+import zlib
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+import routing
+import turnout
+from harness import assert_equal
+
+
+def generator(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    kind: str = "uniform"        # a routing of routing.py
+    tokens: int = 256
+    hidden: int = 1024
+    topk: int = 8                # 0: dispatch without top-k
+    experts: int = 64
+    fp8: bool = False
+    alignment: int = 1
+    biases: int = 0              # 0, 1 or 2 bias tensors in combine
+    empty_rank: int = -1         # this rank has no tokens at all
+    seed: int = 0
+
+    def tokens_of(self, rank: int) -> int:
+        return 0 if rank == self.empty_rank else self.tokens
+
+
+@dataclasses.dataclass
+class Inputs:
+    x: object                    # bf16 tensor or (fp8, scales) on the CPU
+    topk_idx: torch.Tensor       # [T, K] int64 (K >= 1 even without top-k: it makes the routing)
+    topk_weights: torch.Tensor
+    is_token_in_rank: np.ndarray
+
+
+def make_routing(case: Case, n: int, rank: int, gen) -> torch.Tensor:
+    k = max(case.topk, 1)
+    t = case.tokens_of(rank)
+    if case.kind in ("skip_rank", "one_rank"):
+        return getattr(routing, case.kind)(t, case.experts, k, n, gen, "cpu")
+    return getattr(routing, case.kind)(t, case.experts, k, gen, "cpu")
+
+
+def inputs_of(case: Case, n: int, rank: int) -> Inputs:
+    gen = generator("intranode", case, n, rank)
+    t, h = case.tokens_of(rank), case.hidden
+    topk_idx = make_routing(case, n, rank, gen)
+    weights = torch.rand(topk_idx.shape, generator=gen)
+    if case.fp8:
+        data = torch.randint(0, 256, (t, h), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
+        # Column-major scales, as DeepGEMM lays them out.
+        scales = torch.rand(h // 128, t, generator=gen).t()
+        x = (data, scales)
+    else:
+        x = torch.randn(t, h, generator=gen).bfloat16()
+    in_rank = turnout._C.reference.get_dispatch_layout(topk_idx.numpy(), n, case.experts, n)[3]
+    return Inputs(x, topk_idx, weights, in_rank)
+
+
+def scales_to_device(scales: torch.Tensor, device) -> torch.Tensor:
+    """Keeps the column-major layout on the device."""
+    return scales.t().contiguous().to(device).t()
+
+
+def x_on_device(x, device):
+    if isinstance(x, tuple):
+        return x[0].to(device), scales_to_device(x[1], device)
+    return x.to(device)
+
+
+def x_bytes(x) -> np.ndarray:
+    data = x[0] if isinstance(x, tuple) else x
+    return data.contiguous().view(torch.uint8).numpy()
+
+
+def reference_dispatch(case: Case, n: int, all_inputs, x_override=None):
+    """Every rank's reference dispatch result (x_override: other x, same routing)."""
+    xs = x_override if x_override is not None else [i.x for i in all_inputs]
+    return turnout._C.reference.normal_dispatch(
+        [x_bytes(x) for x in xs],
+        [x[1].contiguous().numpy() if isinstance(x, tuple) else None for x in xs],
+        [i.topk_idx.numpy() if case.topk else None for i in all_inputs],
+        [i.topk_weights.numpy() if case.topk else None for i in all_inputs],
+        [i.is_token_in_rank for i in all_inputs],
+        case.experts, case.alignment)
+
+
+def dispatch(buf, case: Case, inp: Inputs, device, **kwargs):
+    """Layout on the GPU, then dispatch; returns dispatch's tuple."""
+    topk_idx = inp.topk_idx.to(device)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, case.experts)
+    args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                expert_alignment=case.alignment)
+    if case.topk:
+        args.update(topk_idx=topk_idx, topk_weights=inp.topk_weights.to(device))
+    args.update(kwargs)
+    return buf.dispatch(x_on_device(inp.x, device), **args)
+
+
+def check_dispatch(out, ref, case: Case, what: str, worst: int = 0) -> None:
+    recv_x, recv_topk_idx, recv_topk_weights, per_expert, handle, _ = out
+    n_ref = ref.num_recv
+    data = recv_x[0] if case.fp8 else recv_x
+    rows = worst if worst else n_ref
+    assert data.shape[0] == rows, f"{what}: recv_x has {data.shape[0]} rows, expected {rows}"
+    assert_equal(data[:n_ref].contiguous().view(torch.uint8), ref.recv_x, f"{what}: recv_x")
+    if case.fp8:
+        assert_equal(recv_x[1][:n_ref].contiguous().view(torch.int32), ref.recv_x_scales.view(np.int32),
+                     f"{what}: recv_x scales")
+    if case.topk:
+        assert_equal(recv_topk_idx[:n_ref], ref.recv_topk_idx, f"{what}: recv_topk_idx")
+        assert_equal(recv_topk_weights[:n_ref].view(torch.int32), ref.recv_topk_weights.view(np.int32),
+                     f"{what}: recv_topk_weights")
+        if worst:
+            assert bool((recv_topk_idx[n_ref:] == -1).all()), f"{what}: padding rows must have top-k -1"
+    else:
+        assert recv_topk_idx is None and recv_topk_weights is None, f"{what}: top-k outputs without top-k"
+    if worst:
+        assert per_expert == [], f"{what}: the per-expert list must be empty with num_worst_tokens, got {per_expert}"
+    elif case.topk:
+        assert list(per_expert) == list(ref.num_recv_tokens_per_expert), \
+            f"{what}: num_recv_tokens_per_expert {per_expert} != {list(ref.num_recv_tokens_per_expert)}"
+    assert_equal(handle[0], ref.rank_prefix_matrix, f"{what}: rank_prefix_matrix")
+    assert_equal(handle[2][:n_ref], ref.recv_src_idx, f"{what}: recv_src_idx (handle)")
+
+
+def combine_inputs(case: Case, n: int, rank: int, num_rows: int) -> Tuple[torch.Tensor, Optional[tuple]]:
+    gen = generator("combine", case, n, rank)
+    x = torch.randn(num_rows, case.hidden, generator=gen).bfloat16()
+    t = case.tokens_of(rank)
+    biases = tuple(torch.randn(t, case.hidden, generator=gen).bfloat16() for _ in range(case.biases))
+    return x, biases
+
+
+def reference_combine(case: Case, n: int, refs, rows_of=None):
+    """Every rank's fp64 combine of combine_inputs over the reference receive order."""
+    xs, ws, b0, b1 = [], [], [], []
+    for r in range(n):
+        x, biases = combine_inputs(case, n, r, refs[r].num_recv)
+        xs.append(x.view(torch.int16).numpy().view(np.uint16))
+        ws.append(refs[r].recv_topk_weights if case.topk else None)
+        b0.append(biases[0].view(torch.int16).numpy().view(np.uint16) if len(biases) > 0 else None)
+        b1.append(biases[1].view(torch.int16).numpy().view(np.uint16) if len(biases) > 1 else None)
+    return turnout._C.reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk)
+
+
+def combine(buf, case: Case, n: int, rank: int, out, device, worst: int = 0, **kwargs):
+    recv_x, _, recv_topk_weights, _, handle, _ = out
+    num_rows = handle[2].shape[0]
+    x, biases = combine_inputs(case, n, rank, num_rows if not worst else int(handle[0][-1, rank]))
+    if worst:
+        x = torch.cat([x, torch.randn(num_rows - x.shape[0], case.hidden).bfloat16()])
+    bias = None if not biases else (tuple(b.to(device) for b in biases) if len(biases) == 2 else biases[0].to(device))
+    return buf.combine(x.to(device), handle, topk_weights=recv_topk_weights if case.topk else None, bias=bias,
+                       **kwargs)
+
+
+# fp32 accumulation of a few unit-scale bf16 terms: where they cancel, the sum
+# keeps an absolute error of a few fp32 ulps of the terms (2^-24 each).
+FP32_SUM_ABS = 1e-6
+
+
+def assert_bf16_close(got: torch.Tensor, ref: np.ndarray, what: str, rel: float = 1e-5) -> None:
+    """got (bf16) is a rounding of a value within `rel` (plus the fp32 sum's
+    absolute error) of the fp64 reference."""
+    g = got.float().cpu().double().numpy()
+    if g.shape != ref.shape:
+        raise AssertionError(f"{what}: shape {g.shape} != expected {ref.shape}")
+    _, e = np.frexp(np.maximum(np.abs(g), np.abs(ref)))
+    tol = np.ldexp(1.0, e - 9) + rel * np.abs(ref) + FP32_SUM_ABS
+    bad = np.argwhere(np.abs(g - ref) > tol)
+    if len(bad):
+        i = tuple(bad[0])
+        raise AssertionError(f"{what}: {len(bad)} elements off; first at {i}: got {g[i]!r}, reference {ref[i]!r}")
+
+
+def assert_float_close(got: torch.Tensor, ref: np.ndarray, what: str, rel: float = 1e-5) -> None:
+    g = got.cpu().double().numpy()
+    if g.shape != ref.shape:
+        raise AssertionError(f"{what}: shape {g.shape} != expected {ref.shape}")
+    bad = np.argwhere(np.abs(g - ref) > rel * np.abs(ref) + 1e-6)
+    if len(bad):
+        i = tuple(bad[0])
+        raise AssertionError(f"{what}: {len(bad)} elements off; first at {i}: got {g[i]!r}, reference {ref[i]!r}")
+
+
+def check_combine(out, ref, case: Case, what: str) -> None:
+    combined_x, combined_w, _ = out
+    assert_bf16_close(combined_x, ref[0], f"{what}: combined_x")
+    if case.topk:
+        assert_float_close(combined_w, ref[1], f"{what}: combined_topk_weights")
+    else:
+        assert combined_w is None, f"{what}: combined_topk_weights without top-k weights"
+
+
+def nvl_bytes(hidden: int, n: int, config=None) -> int:
+    config = config or turnout.Buffer.get_dispatch_config(n)
+    return config.get_nvl_buffer_size_hint(hidden * 2, n)

@@ -1,0 +1,172 @@
+"""Intranode dispatch and combine against the host reference: routings of
+every shape, BF16 and FP8, with and without top-k, the stream options, cached
+dispatch, determinism, and num_worst_tokens in a CUDA graph."""
+import torch
+
+import turnout
+from harness import assert_equal
+from intranode_cases import (Case, check_combine, check_dispatch, combine, combine_inputs, dispatch, inputs_of,
+                             nvl_bytes, reference_combine, reference_dispatch, x_on_device)
+
+HIDDEN_MAX = 7168
+
+CASES = (
+    Case("uniform", 4096, 7168, 8, 256, biases=1),
+    Case("uniform", 4096, 7168, 8, 256, fp8=True, alignment=128),
+    Case("one_expert", 127, 2048, 6, 64, biases=2),
+    Case("one_rank", 1024, 4096, 8, 64, alignment=32),
+    Case("skip_rank", 8192, 2048, 8, 256, fp8=True),
+    Case("holes", 8192, 4096, 8, 256, biases=1),
+    Case("holes", 1, 4096, 1, 8),
+    Case("uniform", 127, 4096, 0, 64),
+    Case("uniform", 4096, 2048, 6, 64, empty_rank=0, fp8=True),
+)
+
+
+def run_case(ctx, buf, case: Case, n: int, what: str, **kwargs):
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    refs = reference_dispatch(case, n, inputs)
+    out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
+    if kwargs.get("async_finish"):
+        out[-1].current_stream_wait()
+    check_dispatch(out, refs[ctx.rank], case, what)
+    back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
+    if kwargs.get("async_finish"):
+        back[-1].current_stream_wait()
+    check_combine(back, reference_combine(case, n, refs)[ctx.rank], case, what)
+    return inputs, refs, out
+
+
+def test_dispatch_combine_match_reference(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n), explicitly_destroy=True)
+        try:
+            for case in CASES:
+                run_case(ctx, buf, case, n, f"n={n} {case}")
+        finally:
+            buf.destroy()
+
+
+test_dispatch_combine_match_reference.timeout = 600
+
+
+def test_stream_options_and_cached_dispatch(ctx):
+    case = Case("uniform", 2048, 4096, 8, 128, biases=2)
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n), explicitly_destroy=True)
+        try:
+            run_case(ctx, buf, case, n, f"n={n} async", async_finish=True)
+            run_case(ctx, buf, case, n, f"n={n} previous_event", previous_event=turnout.Buffer.capture())
+            run_case(ctx, buf, case, n, f"n={n} comm-stream outputs", previous_event=turnout.Buffer.capture(),
+                     async_finish=True, allocate_on_comm_stream=True)
+            # Fewer SMs than the default, and a config of its own.
+            run_case(ctx, buf, case, n, f"n={n} 4 SMs", config=turnout.Config(4, 4, 64))
+            inputs, refs, out = run_case(ctx, buf, case, n, f"n={n} plain")
+
+            # Cached: same routing, new x, from the handle.
+            new_x = [torch.randn(case.tokens, case.hidden, generator=torch.Generator().manual_seed(100 + r)).bfloat16()
+                     for r in range(n)]
+            cached_refs = reference_dispatch(case, n, inputs, x_override=new_x)
+            recv_x, a, b, c, d, _ = buf.dispatch(x_on_device(new_x[ctx.rank], ctx.device), handle=out[4])
+            assert a is None and b is None and c is None and d is None, "cached dispatch returns only recv_x"
+            assert_equal(recv_x.view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch recv_x")
+        finally:
+            buf.destroy()
+
+
+test_stream_options_and_cached_dispatch.timeout = 300
+
+
+def test_same_seed_gives_same_bits(ctx):
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(1024, n), explicitly_destroy=True)
+        try:
+            for seed in range(20):
+                case = Case("uniform", 300, 1024, 8, 64, biases=1, seed=seed)
+                inputs = inputs_of(case, n, ctx.rank)
+                runs = []
+                for _ in range(2):
+                    out = dispatch(buf, case, inputs, ctx.device)
+                    back = combine(buf, case, n, ctx.rank, out, ctx.device)
+                    runs.append((out[0].clone(), out[2].clone(), back[0].clone(), back[1].clone()))
+                for i, name in enumerate(("recv_x", "recv_topk_weights", "combined_x", "combined_topk_weights")):
+                    assert_equal(runs[1][i].view(torch.int16 if i in (0, 2) else torch.int32),
+                                 runs[0][i].view(torch.int16 if i in (0, 2) else torch.int32),
+                                 f"n={n} seed={seed}: {name} of two runs")
+            # And one of them against the reference.
+            run_case(ctx, buf, Case("uniform", 300, 1024, 8, 64, biases=1, seed=19), n, f"n={n} seed 19")
+        finally:
+            buf.destroy()
+
+
+test_same_seed_gives_same_bits.timeout = 300
+
+
+def test_worst_tokens_in_cuda_graph(ctx):
+    """dispatch(num_worst_tokens) + combine captured once, replayed 100 times
+    with new routings and data copied into the captured inputs."""
+    case = Case("uniform", 256, 1024, 4, 32, biases=1)
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        worst = case.tokens * n
+        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n), explicitly_destroy=True)
+        try:
+            dev = ctx.device
+            first = inputs_of(case, n, ctx.rank)
+            x = first.x.to(dev)
+            topk_idx = first.topk_idx.to(dev)
+            weights = first.topk_weights.to(dev)
+            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, case.experts)
+            comb_x = torch.zeros(worst, case.hidden, dtype=torch.bfloat16, device=dev)
+            bias = torch.zeros(case.tokens, case.hidden, dtype=torch.bfloat16, device=dev)
+
+            def step():
+                out = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                   num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=weights,
+                                   num_worst_tokens=worst)
+                back = buf.combine(comb_x, out[4], topk_weights=out[2], bias=bias)
+                return out, back
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, back = step()
+            for it in range(100):
+                it_case = Case("uniform", 256, 1024, 4, 32, biases=1, seed=1000 + it)
+                inputs = [inputs_of(it_case, n, r) for r in range(n)]
+                refs = reference_dispatch(it_case, n, inputs)
+                mine = inputs[ctx.rank]
+                x.copy_(mine.x)
+                topk_idx.copy_(mine.topk_idx)
+                weights.copy_(mine.topk_weights)
+                in_rank.copy_(torch.from_numpy(mine.is_token_in_rank.astype(bool)))
+                num_recv = refs[ctx.rank].num_recv
+                cx, biases = combine_inputs(it_case, n, ctx.rank, num_recv)
+                comb_x[:num_recv].copy_(cx)
+                bias.copy_(biases[0])
+                graph.replay()
+                torch.cuda.synchronize()
+                what = f"n={n} replay {it}"
+                check_dispatch(out, refs[ctx.rank], it_case, what, worst=worst)
+                check_combine(back, reference_combine(it_case, n, refs)[ctx.rank], it_case, what)
+            del graph
+        finally:
+            buf.destroy()
+
+
+test_worst_tokens_in_cuda_graph.timeout = 300
