@@ -14,6 +14,11 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 
+// The first bad expert id of this rank's input, if any.
+__shared__ int s_bad;
+__shared__ int64_t s_bad_index;
+__shared__ int64_t s_bad_value;
+
 __device__ __forceinline__ int32_t* at(void* base, int64_t offset) {
   return reinterpret_cast<int32_t*>(static_cast<char*>(base) + offset);
 }
@@ -49,17 +54,17 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
       }
     }
     // Expert ids: a bad one stops every rank (see below), so none is dropped
-    // silently and nothing lands in a peer's outputs.
-    __shared__ int s_bad;
+    // silently and nothing lands in a peer's outputs. The first one found is
+    // recorded only after the second barrier: a recorded error ends every
+    // wait, and this rank must still meet its peers there.
     if (threadIdx.x == 0) s_bad = 0;
     __syncthreads();
     const int64_t num_ids = static_cast<int64_t>(a.num_tokens) * a.num_topk;
     for (int64_t i = threadIdx.x; i < num_ids; i += kThreads) {
       const int64_t e = a.topk_idx[i];
-      if (e < -1 || e >= a.num_experts) {
-        s_bad = 1;
-        device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
-                             static_cast<int>(i % a.num_topk), 0, i / a.num_topk, e);
+      if ((e < -1 || e >= a.num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
+        s_bad_index = i;
+        s_bad_value = e;
       }
     }
     __syncthreads();
@@ -94,6 +99,10 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   // Barrier 2: our reset counters and every peer's counts are in place.
   if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
   if (!p.exchange_counts) return;
+  if (threadIdx.x == 0 && s_bad)
+    device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
+                         static_cast<int>(s_bad_index % p.counts.num_topk), 0, s_bad_index / p.counts.num_topk,
+                         s_bad_value);
 
   const DispatchCountsArgs& a = p.counts;
   const int32_t* matrix = at(self, g.matrix);
