@@ -97,6 +97,7 @@ class Buffer {
 
  private:
   void require_alive(const char* op) const;
+  void begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
   kernels::WaitContext wait_context() const;
 
   BufferOptions options_;

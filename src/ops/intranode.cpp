@@ -51,14 +51,21 @@ kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_exp
 
 }  // namespace
 
-DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t stream) {
-  const char* op = "dispatch";
+// What every intranode op checks first: a live buffer, no pending error, one
+// NVL domain, a usable config.
+void Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens) {
   require_alive(op);
   check_errors(op);
   if (!topology_.single_nvl_domain())
-    throw NotSupported("dispatch: groups that span several NVL domains (internode) are not available in this version");
+    throw NotSupported(std::string(op) +
+                       ": groups that span several NVL domains (internode) are not available in this version");
+  check_config(op, num_sms, send_tokens, recv_tokens, num_device_sms_);
+}
+
+DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t stream) {
+  const char* op = "dispatch";
+  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
   require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
   require(a.num_tokens == 0 || a.is_token_in_rank, op, "is_token_in_rank must be given");
   require(a.expert_alignment >= 1, op, "expert_alignment must be >= 1, got " + str(a.expert_alignment));
@@ -123,12 +130,8 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
 
 void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
-  require_alive(op);
-  check_errors(op);
-  if (!topology_.single_nvl_domain())
-    throw NotSupported("dispatch: groups that span several NVL domains (internode) are not available in this version");
+  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
   require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
   require(a.row_bytes > 0 && a.row_bytes % 16 == 0, op,
           "the row of x must be a positive multiple of 16 bytes, got " + str(a.row_bytes));
@@ -165,12 +168,8 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
 
 void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   const char* op = "combine";
-  require_alive(op);
-  check_errors(op);
-  if (!topology_.single_nvl_domain())
-    throw NotSupported("combine: groups that span several NVL domains (internode) are not available in this version");
+  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  check_config(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens, num_device_sms_);
   require(a.hidden > 0 && a.hidden % 8 == 0, op, "hidden must be a positive multiple of 8, got " + str(a.hidden));
   require(a.num_rows >= 0 && a.num_tokens >= 0, op, "num_rows and num_tokens must be >= 0");
   require(a.num_topk >= 0 && a.num_topk <= kMaxTopk, op,

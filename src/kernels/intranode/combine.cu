@@ -10,6 +10,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/launch.hpp"
+#include "kernels/intranode/ring_sender.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -42,49 +43,32 @@ __device__ void send_rows(const CombineParams& p, int channel) {
   if (dst >= R) return;
   const int g = warp % group_warps;
   const IntranodeRegion& region = p.region;
-  const int C = region.num_channels, Q = region.ring_slots;
-  const int K = round_size(a.num_max_send_tokens, group_warps, Q);
+  const int C = region.num_channels;
   const int lo = dst > 0 ? a.rank_prefix_matrix[(dst - 1) * R + me] : 0;
   const int hi = a.rank_prefix_matrix[dst * R + me];
   const int src_tokens = a.source_num_tokens[dst];
   const int r0 = lower_bound_rows(a.recv_src_idx, lo, hi, channel_begin(src_tokens, channel, C));
   const int r1 = lower_bound_rows(a.recv_src_idx, lo, hi, channel_begin(src_tokens, channel + 1, C));
   char* peer = bytes(p.peers.buffers[dst]);
-  char* ring = peer + region.ring(channel, me);
-  int32_t* tail = reinterpret_cast<int32_t*>(peer + region.tail(channel, me));
-  const int32_t* head = reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst));
+  RingSender out(peer + region.ring(channel, me), reinterpret_cast<int32_t*>(peer + region.tail(channel, me)),
+                 reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst)),
+                 region.slot_bytes, region.ring_slots, a.num_max_send_tokens, group_warps, g, 1 + dst,
+                 p.ctx.first_nvl_rank + dst, WaitSite::kCombineData);
   const CombineSlot& s = p.slot;
   const int n16 = s.row_bytes / 16;
-
-  int known_head = 0;
-  bool ok = true;
   const int total = r1 - r0;
   for (int n = 0; n < total; ++n) {
-    if (n % K == 0 && ok && known_head < n + K - Q) {
-      if (lane == 0)
-        ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + dst, WaitSite::kCombineData, [&] {
-          known_head = device::load_acquire_sys(head);
-          return known_head >= n + K - Q;
-        });
-      ok = __shfl_sync(~0u, ok, 0);
-      known_head = __shfl_sync(~0u, known_head, 0);
-    }
-    if (ok && n % group_warps == g) {
+    out.reserve(n, p.ctx, lane);
+    if (out.mine(n)) {
       const int64_t row = r0 + n;
-      char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
+      char* slot = out.slot(n);
       device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + row * s.row_bytes, n16, lane);
       if (lane < a.num_topk)
         reinterpret_cast<float*>(slot + s.weights)[lane] = a.topk_weights[row * a.num_topk + lane];
     }
-    if (n % K == K - 1) {
-      device::named_barrier(1 + dst, group_warps * 32);
-      if (ok && g == 0 && lane == 0) device::store_release_sys(tail, n + 1);
-    }
+    out.commit(n, lane);
   }
-  if (total % K != 0) {
-    device::named_barrier(1 + dst, group_warps * 32);
-    if (ok && g == 0 && lane == 0) device::store_release_sys(tail, total);
-  }
+  out.finish(total, lane);
 }
 
 __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {

@@ -9,6 +9,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/launch.hpp"
+#include "kernels/intranode/ring_sender.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -28,19 +29,18 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   if (dst >= R) return;
   const int g = warp % group_warps;
   const IntranodeRegion& region = p.region;
-  const int C = region.num_channels, Q = region.ring_slots;
-  const int K = round_size(a.num_max_send_tokens, group_warps, Q);
+  const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
   char* peer = bytes(p.peers.buffers[dst]);
-  char* ring = peer + region.ring(channel, me);
-  int32_t* tail = reinterpret_cast<int32_t*>(peer + region.tail(channel, me));
-  const int32_t* head = reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst));
+  RingSender out(peer + region.ring(channel, me), reinterpret_cast<int32_t*>(peer + region.tail(channel, me)),
+                 reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst)),
+                 region.slot_bytes, region.ring_slots, a.num_max_send_tokens, group_warps, g, 1 + dst,
+                 p.ctx.first_nvl_rank + dst, WaitSite::kDispatchData);
   const int first_expert = dst * p.experts_per_rank;
   const int n16 = a.row_bytes / 16;
   const DispatchSlot& s = p.slot;
 
-  int sent = 0, known_head = 0;
-  bool ok = true;
+  int sent = 0;
   // Every warp of the group walks the same tokens and reaches the same round
   // barriers; warp g copies the tokens whose position is g modulo the group.
   for (int base = t0; base < t1; base += 32) {
@@ -50,18 +50,9 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
       const int t = base + __ffs(mask) - 1;
       mask &= mask - 1;
       const int n = sent++;
-      if (n % K == 0 && ok && known_head < n + K - Q) {
-        // The ring must have room for the whole round before it starts.
-        if (lane == 0)
-          ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + dst, WaitSite::kDispatchData, [&] {
-            known_head = device::load_acquire_sys(head);
-            return known_head >= n + K - Q;
-          });
-        ok = __shfl_sync(~0u, ok, 0);
-        known_head = __shfl_sync(~0u, known_head, 0);
-      }
-      if (ok && n % group_warps == g) {
-        char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
+      out.reserve(n, p.ctx, lane);
+      if (out.mine(n)) {
+        char* slot = out.slot(n);
         // The small loads first, so they overlap the row copy instead of
         // adding their round trips after it.
         const int64_t tk = static_cast<int64_t>(t) * a.num_topk;
@@ -94,16 +85,10 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
         }
         if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
       }
-      if (n % K == K - 1) {
-        device::named_barrier(1 + dst, group_warps * 32);
-        if (ok && g == 0 && lane == 0) device::store_release_sys(tail, n + 1);
-      }
+      out.commit(n, lane);
     }
   }
-  if (sent % K != 0) {
-    device::named_barrier(1 + dst, group_warps * 32);
-    if (ok && g == 0 && lane == 0) device::store_release_sys(tail, sent);
-  }
+  out.finish(sent, lane);
 }
 
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
