@@ -80,6 +80,7 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   peer_user_table_ = allocate_device(sizeof(user));
   recv_counts_ = allocate_host_mapped(kernels::kMailboxBytes);
   std::memset(recv_counts_.get(), 0, kernels::kMailboxBytes);
+  TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&recv_counts_device_, recv_counts_.get(), 0));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
 }
 

@@ -113,6 +113,7 @@ class Buffer {
   DeviceMemory peer_user_table_;
   // Where the counts step leaves the receive sizes for the host.
   HostMemory recv_counts_;
+  void* recv_counts_device_ = nullptr;
   int32_t recv_counts_sequence_ = 0;
   int num_device_sms_ = 0;
 };

@@ -11,13 +11,21 @@ from .event import EventOverlap
 _TOPK_IDX_DTYPE = torch.int64
 
 
+# The caller's current stream as a raw handle. torch.cuda.current_stream()
+# builds a Python object each call (microseconds); the raw getter is the same value.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _current_raw_stream(device_index: int) -> int:
-    """The caller's current stream as a raw handle. torch.cuda.current_stream()
-    builds a Python object each call (microseconds); this is the same value."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None:
+    if _RAW_STREAM is None:
         return torch.cuda.current_stream(device_index).cuda_stream
-    return raw(device_index)
+    return _RAW_STREAM(device_index)
+
+
+def _check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
+    """Rows move as 16-byte words: a view that starts mid-word cannot."""
+    if t.numel() and t.data_ptr() % 16:
+        fail(op, arg, "starting at a 16-byte aligned address", f"address {t.data_ptr():#x}")
 
 
 class Buffer:
@@ -266,10 +274,12 @@ class Buffer:
                 fail(op, "x[1] (scales)", f"of {data.shape[0]} rows like x[0]", f"shape {tuple(scales.shape)}")
             if data.shape[1] % 16:
                 fail(op, "x[0]", "of a hidden size that is a multiple of 16", f"shape {tuple(data.shape)}")
+            _check_aligned(op, "x[0]", data)
             return data, scales
         check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
         if x.shape[1] % 8:
             fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
+        _check_aligned(op, "x", x)
         return x, None
 
     def _check_handle(self, op: str, handle):
@@ -401,6 +411,7 @@ class Buffer:
         hidden = x.shape[1]
         if hidden % 8:
             fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
+        _check_aligned(op, "x", x)
         num_topk = 0
         if topk_weights is not None:
             check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=self._device)
@@ -412,8 +423,9 @@ class Buffer:
             fail(op, "bias", "None, a tensor or a tuple of two tensors", f"a tuple of {len(biases)}", TypeError)
         biases = [b for b in biases if b is not None]
         for i, b in enumerate(biases):
-            check_tensor(op, f"bias[{i}]" if isinstance(bias, tuple) else "bias", b, dtype=torch.bfloat16,
-                         shape=(num_tokens, hidden), device=self._device)
+            name = f"bias[{i}]" if isinstance(bias, tuple) else "bias"
+            check_tensor(op, name, b, dtype=torch.bfloat16, shape=(num_tokens, hidden), device=self._device)
+            _check_aligned(op, name, b)
         bias0 = biases[0].data_ptr() if biases else 0
         bias1 = biases[1].data_ptr() if len(biases) > 1 else 0
 

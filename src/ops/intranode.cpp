@@ -2,6 +2,7 @@
 // call, the host wait for the receive counts, and the kernel launches.
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -24,6 +25,9 @@ void require(bool ok, const char* op, const std::string& what) {
 }
 
 // The channel layout of a config: checks shared by dispatch and combine.
+// Rows move as 16-byte words and bulk copies. Null (no rows) passes.
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens, int device_sms) {
   require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op,
           "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms));
@@ -91,8 +95,7 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
 
   const bool wait = a.num_worst_tokens == 0 && a.num_tokens_per_expert != nullptr;
   auto* host_box = static_cast<kernels::RecvCountsMailbox*>(recv_counts_.get());
-  kernels::RecvCountsMailbox* device_box = nullptr;
-  if (wait) TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_box), host_box, 0));
+  auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(recv_counts_device_) : nullptr;
   const int32_t sequence = ++recv_counts_sequence_;
   kernels::NotifyParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
                           region,
@@ -116,7 +119,12 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
     if (now > deadline)
       throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) + ": the receive counts did not arrive within " +
                          std::to_string(timeout_s_ + kHostGraceS) + " s");
-    if (now - start > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // A sleep costs the timer slack (~50 us) after the counts land, so the
+    // first second only yields; a wait that long hides a sleep's cost.
+    if (now - start < std::chrono::seconds(1))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   std::atomic_thread_fence(std::memory_order_acquire);
   // A bad input on any rank (recorded before the counts were posted).
@@ -153,6 +161,7 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   require(a.num_recv_rows == 0 || (a.recv_x && a.recv_src_idx), op, "recv_x and recv_src_idx must be given");
   require(a.num_scales == 0 || a.num_recv_rows == 0 || a.recv_x_scales, op, "recv_x_scales must be given with scales");
   require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
+  require(aligned16(a.x) && aligned16(a.recv_x), op, "x and recv_x must start at a 16-byte aligned address");
   const auto slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
   const int experts = a.num_topk > 0 ? a.num_experts : 0;
   const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, slot.bytes);
@@ -180,6 +189,8 @@ void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   require(a.num_rows == 0 || (a.x && a.recv_src_idx), op, "x and the handle's recv_src_idx must be given");
   require(a.num_tokens == 0 || (a.combined_x && a.is_token_in_rank), op,
           "combined_x and the handle's is_token_in_rank must be given");
+  require(aligned16(a.x) && aligned16(a.combined_x) && aligned16(a.bias0) && aligned16(a.bias1), op,
+          "x, combined_x and the biases must start at a 16-byte aligned address");
   const auto slot = kernels::make_combine_slot(a.hidden, a.num_topk);
   const auto region = kernels::make_intranode_region(R, a.num_sms / 2, 0, a.num_max_recv_tokens, slot.bytes);
   check_fits(op, region, options_.num_nvl_bytes);

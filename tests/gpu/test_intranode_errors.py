@@ -49,6 +49,8 @@ def test_bad_dispatch_and_combine_arguments(ctx):
             bad(ValueError, "x", "contiguous", x=torch.empty(CASE.hidden, CASE.tokens, dtype=torch.bfloat16,
                                                               device=dev).t())
             bad(ValueError, "x", "multiple of 8", x=x[:, :1020].contiguous())
+            unaligned = torch.empty(CASE.tokens * CASE.hidden + 1, dtype=torch.bfloat16, device=dev)[1:]
+            bad(ValueError, "x", "16-byte aligned", x=unaligned.view(CASE.tokens, CASE.hidden))
             bad(TypeError, "x[0]", "float8_e4m3fn", x=(x, torch.ones(CASE.tokens, 8, device=dev)))
             bad(ValueError, "x[1]", "rows", x=(x.to(torch.float8_e4m3fn), torch.ones(3, 8, device=dev)))
             bad(ValueError, "is_token_in_rank", "shape", is_token_in_rank=in_rank[:-1])
@@ -94,6 +96,8 @@ def test_bad_dispatch_and_combine_arguments(ctx):
             bad_combine(ValueError, "bias", "shape", bias=torch.zeros(5, CASE.hidden, dtype=torch.bfloat16,
                                                                        device=dev))
             bad_combine(TypeError, "bias", "a tuple of 3", bias=(None, None, None))
+            unaligned = torch.empty(recv_rows * CASE.hidden + 1, dtype=torch.bfloat16, device=dev)[1:]
+            bad_combine(ValueError, "x", "16-byte aligned", x=unaligned.view(recv_rows, CASE.hidden))
         finally:
             buf.destroy()
 

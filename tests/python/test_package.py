@@ -149,3 +149,12 @@ class TestChecks:
             check_int("my_op", "n", -1, 0)
         with pytest.raises(ValueError, match="my_op: n must be <= 10, got 11"):
             check_int("my_op", "n", 11, 0, 10)
+
+
+def test_rows_must_start_16_byte_aligned():
+    from turnout.buffer import _check_aligned
+
+    flat = torch.zeros(64 + 8, dtype=torch.bfloat16)
+    _check_aligned("dispatch", "x", flat[8:].view(8, 8))  # 16 bytes in: aligned when flat is
+    with pytest.raises(ValueError, match=r"dispatch: x must be starting at a 16-byte aligned address"):
+        _check_aligned("dispatch", "x", flat[1:65].view(8, 8))

@@ -72,6 +72,11 @@ __host__ __device__ inline int channel_begin(int num_tokens, int channel, int nu
   return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
 }
 
+// The channel whose range holds token t: the largest c with begin(c) <= t.
+__host__ __device__ inline int channel_of(int token, int num_tokens, int num_channels) {
+  return static_cast<int>((static_cast<int64_t>(token + 1) * num_channels - 1) / num_tokens);
+}
+
 // Tokens a sender group writes between two tail updates: the config's hint
 // rounded up to a multiple of the group, so every warp copies the same number
 // each round (unless that would exceed the ring).

@@ -12,7 +12,6 @@ namespace turnout::kernels {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
 
 // The first bad expert id of this rank's input, if any.
 __shared__ int s_bad;
@@ -28,6 +27,64 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   const IntranodeRegion& g = p.region;
   const int C = g.num_channels;
   void* self = p.peers.buffers[me];
+  const DispatchCountsArgs& a = p.counts;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Our own inputs are read before the first barrier, so the reading overlaps
+  // the wait for the slowest peer.
+  __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
+  if (p.exchange_counts) {
+    for (int i = threadIdx.x; i < (C + 1) * kMaxNvlRanks; i += kThreads) (&s_start[0][0])[i] = 0;
+    if (threadIdx.x == 0) s_bad = 0;
+    __syncthreads();
+    // Tokens we send each rank, per channel. A warp takes 32 consecutive
+    // tokens, which nearly always share a channel: then one shared atomic per
+    // rank counts them all.
+    for (int base = warp * 32; base < a.num_tokens; base += kThreads) {
+      const int t = base + lane;
+      const bool valid = t < a.num_tokens;
+      bool in[kMaxNvlRanks];
+#pragma unroll
+      for (int j = 0; j < kMaxNvlRanks; ++j)
+        in[j] = valid && j < R && a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
+      const int c = valid ? channel_of(t, a.num_tokens, C) : -1;
+      const int c0 = __shfl_sync(~0u, c, 0);
+      const bool one_channel = __all_sync(~0u, !valid || c == c0);
+#pragma unroll
+      for (int j = 0; j < kMaxNvlRanks; ++j) {
+        if (one_channel) {
+          const int n = __popc(__ballot_sync(~0u, in[j]));
+          if (lane == 0 && n > 0) atomicAdd(&s_start[c0 + 1][j], n);
+        } else if (in[j]) {
+          atomicAdd(&s_start[c + 1][j], 1);
+        }
+      }
+    }
+    // Expert ids: a bad one stops every rank (see below), so none is dropped
+    // silently and nothing lands in a peer's outputs. The first one found is
+    // recorded only after the second barrier: a recorded error ends every
+    // wait, and this rank must still meet its peers there.
+    constexpr int kIdsInFlight = 8;
+    const int64_t num_ids = static_cast<int64_t>(a.num_tokens) * a.num_topk;
+    for (int64_t base = threadIdx.x; base < num_ids; base += kThreads * kIdsInFlight) {
+      int64_t e[kIdsInFlight];
+#pragma unroll
+      for (int u = 0; u < kIdsInFlight; ++u) {
+        const int64_t i = base + u * kThreads;
+        e[u] = i < num_ids ? a.topk_idx[i] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kIdsInFlight; ++u)
+        if ((e[u] < -1 || e[u] >= a.num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
+          s_bad_index = base + u * kThreads;
+          s_bad_value = e[u];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+      const int j = threadIdx.x;
+      for (int c = 1; c <= C; ++c) s_start[c][j] += s_start[c - 1][j];
+    }
+  }
   // Barrier 1: every peer has finished the previous op, so no late write can
   // land in the counters we reset next.
   if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
@@ -38,42 +95,6 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   if (threadIdx.x == 0) *at(self, g.status) = 0;
 
   if (p.exchange_counts) {
-    const DispatchCountsArgs& a = p.counts;
-    // Tokens we send each rank, per channel: a warp per channel.
-    __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int c = warp; c < C; c += kWarps) {
-      const int t0 = channel_begin(a.num_tokens, c, C), t1 = channel_begin(a.num_tokens, c + 1, C);
-      int count[kMaxNvlRanks] = {};
-      for (int t = t0 + lane; t < t1; t += 32)
-        for (int j = 0; j < R; ++j) count[j] += a.is_token_in_rank[static_cast<int64_t>(t) * R + j] ? 1 : 0;
-      for (int j = 0; j < R; ++j) {
-        int v = count[j];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
-        if (lane == 0) s_start[c + 1][j] = v;
-      }
-    }
-    // Expert ids: a bad one stops every rank (see below), so none is dropped
-    // silently and nothing lands in a peer's outputs. The first one found is
-    // recorded only after the second barrier: a recorded error ends every
-    // wait, and this rank must still meet its peers there.
-    if (threadIdx.x == 0) s_bad = 0;
-    __syncthreads();
-    const int64_t num_ids = static_cast<int64_t>(a.num_tokens) * a.num_topk;
-    for (int64_t i = threadIdx.x; i < num_ids; i += kThreads) {
-      const int64_t e = a.topk_idx[i];
-      if ((e < -1 || e >= a.num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
-        s_bad_index = i;
-        s_bad_value = e;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < R) {
-      const int j = threadIdx.x;
-      s_start[0][j] = 0;
-      for (int c = 1; c <= C; ++c) s_start[c][j] += s_start[c - 1][j];
-    }
-    __syncthreads();
     // Our row of the matrix goes to everyone; the rest is per destination.
     const int L = g.num_local_experts;
     for (int i = threadIdx.x; i < R * R; i += kThreads) {
@@ -104,7 +125,6 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
                          static_cast<int>(s_bad_index % p.counts.num_topk), 0, s_bad_index / p.counts.num_topk,
                          s_bad_value);
 
-  const DispatchCountsArgs& a = p.counts;
   const int32_t* matrix = at(self, g.matrix);
   const int32_t* info = at(self, g.source_info);
   for (int j = threadIdx.x; j < R; j += kThreads) {
