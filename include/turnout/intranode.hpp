@@ -39,6 +39,8 @@ struct DispatchCounts {
   std::vector<int> num_recv_tokens_per_expert;  // [L], aligned
 };
 
+// Row tensors (x, recv_x; combine's x, biases and combined_x) start at
+// 16-byte aligned addresses: rows move as 16-byte words.
 struct DispatchArgs {
   const void* x = nullptr;  // [T, row_bytes]: bf16 or fp8 rows, moved as bytes
   int num_tokens = 0;

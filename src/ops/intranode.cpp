@@ -24,10 +24,10 @@ void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
 }
 
-// The channel layout of a config: checks shared by dispatch and combine.
-// Rows move as 16-byte words and bulk copies. Null (no rows) passes.
+// Rows move as 16-byte words. Null (no rows) passes.
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The channel layout of a config: checks shared by dispatch and combine.
 void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens, int device_sms) {
   require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op,
           "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms));
