@@ -11,6 +11,7 @@
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "kernels/intranode/ring_sender.cuh"
+#include "kernels/intranode/warp_group.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -37,11 +38,9 @@ __device__ int lower_bound_rows(const int32_t* src_idx, int lo, int hi, int toke
 __device__ void send_rows(const CombineParams& p, int channel) {
   const CombineArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group_warps = kWarps / R;
-  const int dst = warp / group_warps;
+  const int lane = threadIdx.x % 32;
+  const auto [group_warps, dst, g] = warp_group(kWarps, R);
   if (dst >= R) return;
-  const int g = warp % group_warps;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int lo = dst > 0 ? a.rank_prefix_matrix[(dst - 1) * R + me] : 0;

@@ -10,6 +10,7 @@
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "kernels/intranode/ring_sender.cuh"
+#include "kernels/intranode/warp_group.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -23,11 +24,9 @@ __device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); 
 __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group_warps = kWarps / R;
-  const int dst = warp / group_warps;
+  const int lane = threadIdx.x % 32;
+  const auto [group_warps, dst, g] = warp_group(kWarps, R);
   if (dst >= R) return;
-  const int g = warp % group_warps;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
@@ -94,12 +93,10 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group_warps = kWarps / R;
-  const int src = warp / group_warps;
+  const int lane = threadIdx.x % 32;
+  const auto [group_warps, src, g] = warp_group(kWarps, R);
   __shared__ int32_t s_tail[kMaxNvlRanks];
   if (src >= R) return;
-  const int g = warp % group_warps;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels, Q = region.ring_slots;
   char* self = bytes(p.peers.buffers[me]);
