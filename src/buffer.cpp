@@ -78,6 +78,8 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   void* user[kMaxNvlRanks] = {};
   for (int i = 0; i < topology_.num_nvl_ranks; ++i) user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
   peer_user_table_ = allocate_device(sizeof(user));
+  layout_workspace_ = allocate_device(kLayoutWorkspaceBytes);
+  TURNOUT_CUDA_CHECK(cudaMemset(layout_workspace_.get(), 0, kLayoutWorkspaceBytes));
   recv_counts_ = allocate_host_mapped(kernels::kMailboxBytes);
   std::memset(recv_counts_.get(), 0, kernels::kMailboxBytes);
   TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&recv_counts_device_, recv_counts_.get(), 0));
@@ -107,6 +109,7 @@ void Buffer::destroy() {
     }
   }
   peer_user_table_.reset();
+  layout_workspace_.reset();
   recv_counts_.reset();
   nvl_.reset();
   sync_event_.reset();
@@ -139,7 +142,7 @@ kernels::WaitContext Buffer::wait_context() const {
 void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
   require_alive("get_dispatch_layout");
   check_errors("get_dispatch_layout");
-  turnout::get_dispatch_layout(args, topology_, errors_.device(), stream);
+  turnout::get_dispatch_layout(args, topology_, errors_.device(), layout_workspace_.get(), stream);
 }
 
 void Buffer::barrier(cudaStream_t stream) {

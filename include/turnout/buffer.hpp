@@ -111,6 +111,7 @@ class Buffer {
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
+  DeviceMemory layout_workspace_;
   // Where the counts step leaves the receive sizes for the host.
   HostMemory recv_counts_;
   void* recv_counts_device_ = nullptr;

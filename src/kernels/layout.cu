@@ -1,5 +1,8 @@
-// get_dispatch_layout: one thread per token. Counts go to shared memory first
-// so each block adds to global memory once per nonzero counter.
+// get_dispatch_layout: a group of lanes per token, one lane per top-k slot, so
+// a warp reads its rows in coalesced loads and finds repeated experts, ranks
+// and RDMA ranks of a token with match instructions instead of loops over the
+// row. Counts go to shared memory first so each block adds to global memory
+// once per nonzero counter.
 #include <cuda_runtime.h>
 
 #include "kernels/device/error_record.cuh"
@@ -10,71 +13,98 @@
 namespace turnout::kernels {
 namespace {
 
-// Small blocks: each thread walks one token serially, so more blocks in flight
-// hide more of that latency.
-constexpr int kThreads = 64;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStepsPerWarp = 2;  // token groups one warp takes in turn
+
+// Lanes per token: the top-k rounded up to a power of two, so groups tile a warp.
+__host__ __device__ inline int lanes_per_token(int num_topk) {
+  int g = 1;
+  while (g < num_topk) g *= 2;
+  return g;
+}
+
+// Out of line: the rare path stays out of the loop's instructions.
+__device__ __noinline__ void report_invalid(const LayoutParams& p, int token, int slot, int64_t expert) {
+  device::record_error(p.errors, DeviceErrorCode::kInvalidExpert, p.rank, slot, 0, token, expert);
+}
+
+// True on the lowest lane of those whose `key` matches (lanes with `valid`
+// false match nobody and get false): the first slot of a token to name it.
+__device__ __forceinline__ bool first_of_its_kind(bool valid, int key, int lane) {
+  const unsigned same = __match_any_sync(~0u, valid ? key : -1 - lane);
+  return valid && (same & ((1u << lane) - 1)) == 0;
+}
 
 __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams p) {
   extern __shared__ int32_t counts[];  // [experts | ranks | rdma ranks]
   const LayoutArgs& a = p.args;
-  const int num_rdma_ranks = p.num_ranks / p.num_nvl_ranks;
-  const int experts_per_rank = a.num_experts / p.num_ranks;
+  const int R = p.num_ranks, E = a.num_experts;
+  const int num_rdma_ranks = R / p.num_nvl_ranks;
+  const int experts_per_rank = E / R;
   int32_t* s_expert = counts;
-  int32_t* s_rank = counts + a.num_experts;
-  int32_t* s_rdma = s_rank + p.num_ranks;
-  const int num_counters = a.num_experts + p.num_ranks + num_rdma_ranks;
-  for (int i = threadIdx.x; i < num_counters; i += kThreads) counts[i] = 0;
+  int32_t* s_rank = counts + E;
+  int32_t* s_rdma = s_rank + R;
+  for (int i = threadIdx.x; i < E + R + num_rdma_ranks; i += kThreads) counts[i] = 0;
   __syncthreads();
 
-  const int t = blockIdx.x * kThreads + threadIdx.x;
-  if (t < a.num_tokens) {
-    const int64_t* row = a.topk_idx + static_cast<int64_t>(t) * a.num_topk;
-    bool* in_rank = a.is_token_in_rank + static_cast<int64_t>(t) * p.num_ranks;
-    for (int r = 0; r < p.num_ranks; ++r) in_rank[r] = false;
-    // The row in registers first, every load in flight at once: the walk
-    // below would otherwise wait out one memory round trip per slot.
-    int64_t ids[kMaxTopk];
-#pragma unroll
-    for (int k = 0; k < kMaxTopk; ++k) ids[k] = k < a.num_topk ? __ldg(row + k) : -1;
-#pragma unroll
-    for (int k = 0; k < kMaxTopk; ++k) {
-      const int64_t e = ids[k];
-      if (e == -1) continue;
-      if (e < -1 || e >= a.num_experts) {
-        device::record_error(p.errors, DeviceErrorCode::kInvalidExpert, p.rank, k, 0, t, e);
-        continue;
-      }
-      const int rank = static_cast<int>(e) / experts_per_rank;
-      const int rdma = rank / p.num_nvl_ranks;
-      // A token counts once per distinct expert, rank and RDMA rank: compare
-      // with the earlier valid slots of the same row (top-k is short).
-      bool new_expert = true, new_rank = true, new_rdma = true;
-#pragma unroll
-      for (int j = 0; j < k; ++j) {
-        const int64_t f = ids[j];
-        if (f < 0 || f >= a.num_experts) continue;
-        const int frank = static_cast<int>(f) / experts_per_rank;
-        new_expert &= f != e;
-        new_rank &= frank != rank;
-        new_rdma &= frank / p.num_nvl_ranks != rdma;
-      }
-      if (new_expert) atomicAdd(&s_expert[e], 1);
-      if (new_rank) {
-        atomicAdd(&s_rank[rank], 1);
-        in_rank[rank] = true;
-      }
-      if (new_rdma) atomicAdd(&s_rdma[rdma], 1);
+  const int lane = threadIdx.x % 32;
+  const int group_lanes = lanes_per_token(a.num_topk), tokens_per_step = 32 / group_lanes;
+  const int slot = lane % group_lanes, group = lane / group_lanes;
+  const int warp = blockIdx.x * kWarps + threadIdx.x / 32;
+#pragma unroll 1
+  for (int step = 0; step < kStepsPerWarp; ++step) {
+    const int first_token = (warp * kStepsPerWarp + step) * tokens_per_step;
+    if (first_token >= a.num_tokens) break;  // the same for the whole warp
+    const int t = first_token + group;
+    const bool live = t < a.num_tokens;
+    int64_t e = live && slot < a.num_topk ? __ldg(a.topk_idx + static_cast<int64_t>(t) * a.num_topk + slot) : -1;
+    if (e < -1 || e >= E) {
+      report_invalid(p, t, slot, e);
+      e = -1;
     }
+    const bool valid = e >= 0;
+    const int expert = static_cast<int>(e), rank = valid ? expert / experts_per_rank : 0;
+    const int rdma = rank / p.num_nvl_ranks;
+    // Keys carry the token's group so tokens sharing the warp stay apart.
+    if (first_of_its_kind(valid, group * E + expert, lane)) atomicAdd(&s_expert[expert], 1);
+    const bool new_rank = first_of_its_kind(valid, group * R + rank, lane);
+    if (new_rank) atomicAdd(&s_rank[rank], 1);
+    if (first_of_its_kind(valid, group * num_rdma_ranks + rdma, lane)) atomicAdd(&s_rdma[rdma], 1);
+
+    bool* in_rank = a.is_token_in_rank + static_cast<int64_t>(t) * R;
+    if (live)
+      for (int r = slot; r < R; r += group_lanes) in_rank[r] = false;
+    __syncwarp();  // the clears land before the sets
+    if (new_rank) in_rank[rank] = true;
   }
   __syncthreads();
 
-  for (int i = threadIdx.x; i < a.num_experts; i += kThreads)
-    if (s_expert[i]) atomicAdd(&a.num_tokens_per_expert[i], s_expert[i]);
-  for (int i = threadIdx.x; i < p.num_ranks; i += kThreads)
-    if (s_rank[i]) atomicAdd(&a.num_tokens_per_rank[i], s_rank[i]);
-  if (a.num_tokens_per_rdma_rank)
-    for (int i = threadIdx.x; i < num_rdma_ranks; i += kThreads)
-      if (s_rdma[i]) atomicAdd(&a.num_tokens_per_rdma_rank[i], s_rdma[i]);
+  // Block totals into the workspace; the last block to finish copies them out
+  // and zeroes the workspace for the next call.
+  const int num_counters = E + R + num_rdma_ranks;
+  int32_t* totals = p.workspace;
+  int32_t* finished = p.workspace + kMaxLayoutCounters;
+  for (int i = threadIdx.x; i < num_counters; i += kThreads)
+    if (counts[i]) atomicAdd(&totals[i], counts[i]);
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(finished, 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < num_counters; i += kThreads) {
+    const int32_t n = __ldcg(&totals[i]);
+    totals[i] = 0;
+    if (i < E)
+      a.num_tokens_per_expert[i] = n;
+    else if (i < E + R)
+      a.num_tokens_per_rank[i - E] = n;
+    else if (a.num_tokens_per_rdma_rank)
+      a.num_tokens_per_rdma_rank[i - E - R] = n;
+  }
+  if (threadIdx.x == 0) *finished = 0;
 }
 
 }  // namespace
@@ -82,24 +112,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams 
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream) {
   const LayoutArgs& a = p.args;
   const int num_rdma_ranks = p.num_ranks / p.num_nvl_ranks;
-  // Counters are accumulated with atomics, so they start at zero. The three
-  // arrays are usually one allocation (the Python layer makes them so).
-  int32_t* first = a.num_tokens_per_rank;
-  const bool contiguous = a.num_tokens_per_rdma_rank
-                              ? a.num_tokens_per_rdma_rank == first + p.num_ranks &&
-                                    a.num_tokens_per_expert == a.num_tokens_per_rdma_rank + num_rdma_ranks
-                              : a.num_tokens_per_expert == first + p.num_ranks;
-  if (contiguous) {
-    const size_t n = p.num_ranks + (a.num_tokens_per_rdma_rank ? num_rdma_ranks : 0) + a.num_experts;
-    TURNOUT_CUDA_CHECK(cudaMemsetAsync(first, 0, n * sizeof(int32_t), stream));
-  } else {
-    TURNOUT_CUDA_CHECK(cudaMemsetAsync(a.num_tokens_per_rank, 0, p.num_ranks * sizeof(int32_t), stream));
-    if (a.num_tokens_per_rdma_rank)
-      TURNOUT_CUDA_CHECK(cudaMemsetAsync(a.num_tokens_per_rdma_rank, 0, num_rdma_ranks * sizeof(int32_t), stream));
-    TURNOUT_CUDA_CHECK(cudaMemsetAsync(a.num_tokens_per_expert, 0, a.num_experts * sizeof(int32_t), stream));
-  }
-  if (a.num_tokens == 0) return;
-  const int blocks = (a.num_tokens + kThreads - 1) / kThreads;
+  // At least one block, so the counts of zero tokens are written too.
+  const int tokens_per_block = kWarps * kStepsPerWarp * (32 / lanes_per_token(a.num_topk));
+  const int blocks = a.num_tokens > 0 ? (a.num_tokens + tokens_per_block - 1) / tokens_per_block : 1;
   const size_t smem = (a.num_experts + p.num_ranks + num_rdma_ranks) * sizeof(int32_t);
   dispatch_layout_kernel<<<blocks, kThreads, smem, stream>>>(p);
   TURNOUT_CUDA_CHECK(cudaGetLastError());

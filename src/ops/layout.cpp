@@ -9,16 +9,13 @@
 namespace turnout {
 namespace {
 
-// Counters live in one block's shared memory.
-constexpr int kMaxLayoutCounters = 48 * 1024 / sizeof(int32_t);
-
 void require(bool ok, const std::string& what) {
   if (!ok) throw InvalidArgument("get_dispatch_layout: " + what);
 }
 
 }  // namespace
 
-void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorSlot errors,
+void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorSlot errors, void* workspace,
                          cudaStream_t stream) {
   const int num_ranks = topology.num_ranks;
   require(a.num_tokens >= 0, "num_tokens must be >= 0, got " + std::to_string(a.num_tokens));
@@ -35,7 +32,10 @@ void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceEr
     throw NotSupported("get_dispatch_layout: " + std::to_string(a.num_experts) + " experts and " +
                        std::to_string(num_ranks) + " ranks exceed the " + std::to_string(kMaxLayoutCounters) +
                        " counters one block holds");
-  kernels::launch_dispatch_layout({a, num_ranks, topology.num_nvl_ranks, topology.rank, errors}, stream);
+  require(workspace != nullptr, "workspace must be non-null");
+  kernels::launch_dispatch_layout({a, num_ranks, topology.num_nvl_ranks, topology.rank, errors,
+                                   static_cast<int32_t*>(workspace)},
+                                  stream);
 }
 
 }  // namespace turnout

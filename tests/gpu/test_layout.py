@@ -63,6 +63,23 @@ def test_layout_matches_reference(ctx):
             buf.destroy()
 
 
+def test_layout_with_long_rows(ctx):
+    """Rows longer than the kernel's unrolled form (8 slots) take its plain loops."""
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            for case, (kind, num_tokens, num_topk) in enumerate(itertools.product(KINDS, (1, 4096), (9, 32))):
+                gen = generator("long", n, ctx.rank, case)
+                topk_idx = make_routing(kind, num_tokens, 256, num_topk, n, gen, ctx.device)
+                what = f"n={n} {kind} T={num_tokens} K={num_topk} E=256"
+                check_layout(buf.get_dispatch_layout(topk_idx, 256), topk_idx, n, 256, n, what)
+        finally:
+            buf.destroy()
+
+
 def test_layout_with_a_rank_of_zero_tokens(ctx):
     for n in ctx.sizes():
         g = ctx.group(n)
