@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -149,8 +150,10 @@ void bind_buffer(nb::module_& m) {
             a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
             a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
             a.source_num_tokens = ptr<int32_t>(source_num_tokens);
-            // The host wait runs without the GIL (other threads may drive other GPUs).
-            nb::gil_scoped_release release;
+            // The host wait runs without the GIL (other threads may drive other
+            // GPUs); a call that does not wait keeps it (releasing costs time).
+            std::optional<nb::gil_scoped_release> release;
+            if (num_worst_tokens == 0 && per_expert != 0) release.emplace();
             turnout::DispatchCounts c = b.dispatch_counts(a, stream(s));
             return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
           })

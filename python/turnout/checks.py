@@ -27,7 +27,8 @@ def check_tensor(op: str, arg: str, t, dtype: Optional[torch.dtype] = None, ndim
         fail(op, arg, "a torch.Tensor", type(t).__name__, TypeError)
     if dtype is not None and t.dtype != dtype:
         fail(op, arg, f"of dtype {dtype}", t.dtype, TypeError)
-    if device is not None and t.device != device:
+    # get_device() is an int (-1 off the GPU): cheaper than building t.device.
+    if device is not None and t.get_device() != device.index and t.device != device:
         fail(op, arg, f"on {device}", t.device)
     if ndim is not None and t.dim() != ndim:
         fail(op, arg, f"{ndim}-D", f"shape {tuple(t.shape)}")

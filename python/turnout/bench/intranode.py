@@ -30,6 +30,7 @@ COLUMNS = [
     range_column("GB/s over ranks", "gbps"),
     column("% of raw", "pct_of_raw", "{:.1f}"),
     column("host us", "host_us", "{:.1f}"),
+    column("host us after sync", "host_us_after_sync", "{:.1f}"),
 ]
 
 HIDDEN, NUM_EXPERTS, NUM_TOPK = 7168, 256, 8
@@ -38,6 +39,7 @@ SWEEP_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 SWEEP_SMS = (8, 12, 16, 20, 24, 32)
 FLUSH_BYTES = 256 << 20
 OPS = ("dispatch bf16", "dispatch fp8", "combine bf16")
+BURST = 5  # host-time calls issued back to back
 
 
 def config_for(num_sms: int) -> Config:
@@ -79,7 +81,11 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
 
 def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     """CPU time of one call that does not wait for the GPU: dispatch with
-    num_worst_tokens, and combine; median over calls (the GPU drains between)."""
+    num_worst_tokens, and combine. Calls come in bursts of ``BURST`` after the
+    GPU drains and the ranks meet: "host us" is the median over the calls
+    after the first of a burst (the host runs ahead of the GPU, as in a
+    training step), "host us after sync" the median of the first calls,
+    which also pay the host's wake-up from the wait for the GPU."""
     topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
     config = config_for(MAIN_SMS)
@@ -91,16 +97,17 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
              "combine bf16": lambda: buffer.combine(out[0], out[4], config=config)}
     rows = []
     for op, fn in calls.items():
-        samples = []
-        for _ in range(iters):
+        first, warm = [], []
+        for _ in range(max(1, iters // BURST)):
             torch.cuda.synchronize()
             dist.barrier()
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
+            for i in range(BURST):
+                start = time.perf_counter()
+                fn()
+                (warm if i else first).append((time.perf_counter() - start) * 1e6)
         torch.cuda.synchronize()
         rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": MAIN_TOKENS, "num_sms": MAIN_SMS,
-                     "host_us": statistics.median(samples)})
+                     "host_us": statistics.median(warm), "host_us_after_sync": statistics.median(first)})
     return rows
 
 
@@ -121,7 +128,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
         progress.step(f"{num_tokens} tokens, {num_sms} SMs")
         rows += measure_point(buffer, num_tokens, num_sms, iters, warmup, flush)
     progress.step("host time")
-    rows += host_times(buffer, 20 if quick else 100)
+    rows += host_times(buffer, 20 if quick else 200)
     progress.close()
     return rows
 
@@ -130,7 +137,7 @@ def merge(per_rank: List[List[Dict]]) -> List[Dict]:
     merged = []
     for rows in zip(*per_rank):
         row = dict(rows[0])
-        for key in ("gbps", "time_us", "host_us"):
+        for key in ("gbps", "time_us", "host_us", "host_us_after_sync"):
             values = [r[key] for r in rows if r.get(key) is not None]
             if values:
                 row[key] = statistics.median(values)
