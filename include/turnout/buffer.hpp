@@ -61,6 +61,8 @@ class Buffer {
   // Device table of every NVL peer's user-visible buffer (kMaxNvlRanks entries).
   void* const* peer_nvl_table() const;
 
+  // The ops of one Buffer share its work areas: issue them so they do not
+  // overlap (one stream, as the Python layer does, or joined streams).
   void get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream);
 
   // Intranode dispatch, step 1: exchange the counts. Unless num_worst_tokens >

@@ -13,6 +13,7 @@ NVL_BYTES = 1 << 20
 KINDS = ("uniform", "one_expert", "skip_rank", "holes")
 TOKENS = (1, 4096, 8192)
 TOPKS = (1, 6, 8)
+LONG_ROWS = (9, 32)  # a token takes 16 and 32 lanes of the kernel's warps
 
 
 def generator(*key) -> torch.Generator:
@@ -53,29 +54,13 @@ def test_layout_matches_reference(ctx):
             continue
         buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
         try:
-            cases = itertools.product(KINDS, TOKENS, TOPKS, experts_for(n))
+            cases = itertools.chain(itertools.product(KINDS, TOKENS, TOPKS, experts_for(n)),
+                                    itertools.product(KINDS, (1, 4096), LONG_ROWS, (256,)))
             for case, (kind, num_tokens, num_topk, num_experts) in enumerate(cases):
                 gen = generator("layout", n, ctx.rank, case)
                 topk_idx = make_routing(kind, num_tokens, num_experts, num_topk, n, gen, ctx.device)
                 what = f"n={n} {kind} T={num_tokens} K={num_topk} E={num_experts}"
                 check_layout(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, n, what)
-        finally:
-            buf.destroy()
-
-
-def test_layout_with_long_rows(ctx):
-    """Rows longer than the kernel's unrolled form (8 slots) take its plain loops."""
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
-            for case, (kind, num_tokens, num_topk) in enumerate(itertools.product(KINDS, (1, 4096), (9, 32))):
-                gen = generator("long", n, ctx.rank, case)
-                topk_idx = make_routing(kind, num_tokens, 256, num_topk, n, gen, ctx.device)
-                what = f"n={n} {kind} T={num_tokens} K={num_topk} E=256"
-                check_layout(buf.get_dispatch_layout(topk_idx, 256), topk_idx, n, 256, n, what)
         finally:
             buf.destroy()
 
