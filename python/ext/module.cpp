@@ -25,6 +25,14 @@ T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
+// The part of a Config the intranode ops read (every args struct has it).
+template <typename Args>
+void set_channels(Args& a, const turnout::Config& config) {
+  a.num_sms = config.num_sms;
+  a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
+  a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+}
+
 cudaStream_t stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 void translate_errors(const std::exception_ptr& p, void*) {
@@ -145,9 +153,7 @@ void bind_buffer(nb::module_& m) {
             a.num_topk = num_topk;
             a.expert_alignment = expert_alignment;
             a.num_worst_tokens = num_worst_tokens;
-            a.num_sms = config.num_sms;
-            a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
-            a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+            set_channels(a, config);
             a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
             a.source_num_tokens = ptr<int32_t>(source_num_tokens);
             // The host wait runs without the GIL (other threads may drive other
@@ -179,9 +185,7 @@ void bind_buffer(nb::module_& m) {
              a.rank_prefix_matrix = ptr<const int32_t>(rank_prefix_matrix);
              a.num_recv_rows = num_recv_rows;
              a.num_worst_tokens = num_worst_tokens;
-             a.num_sms = config.num_sms;
-             a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
-             a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+             set_channels(a, config);
              a.recv_x = ptr<void>(recv_x);
              a.recv_x_scales = ptr<void>(recv_x_scales);
              a.recv_topk_idx = ptr<int64_t>(recv_topk_idx);
@@ -207,9 +211,7 @@ void bind_buffer(nb::module_& m) {
              a.recv_src_idx = ptr<const int32_t>(recv_src_idx);
              a.is_token_in_rank = ptr<const bool>(in_rank);
              a.num_tokens = num_tokens;
-             a.num_sms = config.num_sms;
-             a.num_max_send_tokens = config.num_max_nvl_chunked_send_tokens;
-             a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
+             set_channels(a, config);
              a.combined_x = ptr<void>(combined_x);
              a.combined_topk_weights = ptr<float>(combined_topk_weights);
              b.combine(a, stream(s));
