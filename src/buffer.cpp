@@ -83,6 +83,11 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   recv_counts_ = allocate_host_mapped(kernels::kMailboxBytes);
   std::memset(recv_counts_.get(), 0, kernels::kMailboxBytes);
   TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&recv_counts_device_, recv_counts_.get(), 0));
+  dispatch_outputs_ = allocate_host_mapped(sizeof(kernels::OutputsMailbox));
+  std::memset(dispatch_outputs_.get(), 0, sizeof(kernels::OutputsMailbox));
+  TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&dispatch_outputs_device_, dispatch_outputs_.get(), 0));
+  outputs_relay_ = allocate_device(sizeof(kernels::OutputsMailbox));
+  TURNOUT_CUDA_CHECK(cudaMemset(outputs_relay_.get(), 0, sizeof(kernels::OutputsMailbox)));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
 }
 
@@ -96,6 +101,8 @@ Buffer::~Buffer() {
 
 void Buffer::destroy() {
   if (!nvl_) return;
+  // A receive side still waiting for its outputs would hold the sync below.
+  drop_dispatch_outputs();
   // Peers may still be reading or writing our memory: meet them first, unless
   // a peer already failed to arrive (then a barrier would only wait again).
   cudaError_t st = cudaDeviceSynchronize();
@@ -111,12 +118,25 @@ void Buffer::destroy() {
   peer_user_table_.reset();
   layout_workspace_.reset();
   recv_counts_.reset();
+  dispatch_outputs_.reset();
+  outputs_relay_.reset();
   nvl_.reset();
   sync_event_.reset();
   join_event_.reset();
   owned_comm_stream_.reset();
   comm_stream_ = nullptr;
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
+}
+
+size_t Buffer::free_device_bytes() const {
+  int current = 0;
+  TURNOUT_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(device_));
+  size_t free = 0, total = 0;
+  const cudaError_t st = cudaMemGetInfo(&free, &total);
+  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(current));
+  TURNOUT_CUDA_CHECK(st);
+  return free;
 }
 
 void Buffer::require_alive(const char* op) const {

@@ -71,8 +71,22 @@ class Buffer {
   DispatchCounts dispatch_counts(const DispatchCountsArgs& args, cudaStream_t stream);
   // Step 2: move the tokens into outputs sized from step 1 (or the handle).
   void dispatch(const DispatchArgs& args, cudaStream_t stream);
+  // The host wait of a dispatch_counts with defer_wait. If it throws, the
+  // outputs of a dispatch launched with outputs_later are dropped.
+  DispatchCounts wait_dispatch_counts();
+  // Gives the receive side of a dispatch launched with outputs_later its
+  // outputs, sized from wait_dispatch_counts. Every such dispatch needs this
+  // or drop_dispatch_outputs before the next op of the Buffer.
+  void set_dispatch_outputs(const DispatchOutputs& out);
+  // Instead: the receive side drains its rings without writing, so the peers
+  // finish. Does nothing if no dispatch waits for its outputs.
+  void drop_dispatch_outputs();
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
+
+  // Bytes the driver can still allocate on this Buffer's device
+  // (cudaMemGetInfo), whatever device is current.
+  size_t free_device_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
   // timeout); a peer that never comes leaves a timeout record.
@@ -100,6 +114,8 @@ class Buffer {
  private:
   void require_alive(const char* op) const;
   void begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
+  void post_dispatch_outputs(const DispatchOutputs& out, bool drop);
+  DispatchCounts wait_recv_counts(const char* op, int32_t sequence);
   kernels::WaitContext wait_context() const;
 
   BufferOptions options_;
@@ -118,6 +134,15 @@ class Buffer {
   HostMemory recv_counts_;
   void* recv_counts_device_ = nullptr;
   int32_t recv_counts_sequence_ = 0;
+  // The deferred dispatch in flight: the sequence of its counts (0: waited
+  // for, or none), its experts per rank, and the sequence its receive side
+  // waits for in the outputs mailbox (0: none waits).
+  int32_t deferred_sequence_ = 0;
+  int deferred_experts_ = 0;
+  int32_t outputs_sequence_ = 0;
+  HostMemory dispatch_outputs_;
+  void* dispatch_outputs_device_ = nullptr;
+  DeviceMemory outputs_relay_;
   int num_device_sms_ = 0;
 };
 

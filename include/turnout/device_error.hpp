@@ -25,6 +25,7 @@ enum class WaitSite : int32_t {
   kDispatchCounts = 2,
   kDispatchData = 3,
   kCombineData = 4,
+  kDispatchOutputs = 5,  // the host's output pointers (peer: this rank)
 };
 
 const char* wait_site_name(WaitSite site);

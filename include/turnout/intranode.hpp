@@ -4,7 +4,12 @@
 // A dispatch is two steps. `dispatch_counts` exchanges the per-rank counts
 // (and, unless num_worst_tokens > 0, waits for them on the host: the receive
 // sizes), then `dispatch` moves the tokens. The caller allocates the outputs
-// in between. Combine is one step. All device pointers belong to the caller.
+// in between. Or, so that the tokens start moving while the host waits and
+// allocates: `dispatch_counts` with defer_wait, `dispatch` with
+// outputs_later, then `wait_dispatch_counts` and `set_dispatch_outputs`. In
+// between, the host must not wait for the device (a device sync, a cudaFree):
+// the receive side waits for the host.
+// Combine is one step. All device pointers belong to the caller.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,8 @@ struct DispatchCountsArgs {
   int num_sms = 20;                                // the config of the dispatch that follows
   int num_max_send_tokens = 8;
   int num_max_recv_tokens = 256;
+  // With a host wait: return at once; Buffer::wait_dispatch_counts waits.
+  bool defer_wait = false;
   // Filled on the device for the handle: [R, R] prefix matrix and [R] token
   // count of every source rank (combine's channels need them).
   int32_t* rank_prefix_matrix = nullptr;
@@ -37,6 +44,16 @@ struct DispatchCountsArgs {
 struct DispatchCounts {
   int num_recv_tokens = -1;
   std::vector<int> num_recv_tokens_per_expert;  // [L], aligned
+};
+
+// The outputs of a dispatch, num_recv_rows rows each; the top-k ones only
+// with top-k, the scales only with scales.
+struct DispatchOutputs {
+  void* recv_x = nullptr;
+  void* recv_x_scales = nullptr;     // [rows, num_scales], row-major
+  int64_t* recv_topk_idx = nullptr;  // local ids, -1 elsewhere and on padding rows
+  float* recv_topk_weights = nullptr;
+  int32_t* recv_src_idx = nullptr;   // source token index of each row (-1 on padding)
 };
 
 // Row tensors (x, recv_x; combine's x, biases and combined_x) start at
@@ -60,12 +77,11 @@ struct DispatchArgs {
   int num_sms = 20;                       // the same as the counts step's
   int num_max_send_tokens = 8;
   int num_max_recv_tokens = 256;
-  // Outputs, num_recv_rows rows each; top-k ones only with top-k.
-  void* recv_x = nullptr;
-  void* recv_x_scales = nullptr;          // [rows, num_scales], row-major
-  int64_t* recv_topk_idx = nullptr;       // local ids, -1 elsewhere and on padding rows
-  float* recv_topk_weights = nullptr;
-  int32_t* recv_src_idx = nullptr;        // source token index of each row (-1 on padding)
+  // After a dispatch_counts with defer_wait: launch before the outputs exist
+  // (`out` and num_recv_rows are ignored); the receive side waits for
+  // Buffer::set_dispatch_outputs.
+  bool outputs_later = false;
+  DispatchOutputs out;
 };
 
 struct CombineArgs {

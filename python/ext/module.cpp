@@ -143,7 +143,7 @@ void bind_buffer(nb::module_& m) {
           "dispatch_counts",
           [](Buffer& b, uintptr_t in_rank, int num_tokens, uintptr_t per_expert, int num_experts, uintptr_t topk_idx,
              int num_topk, int expert_alignment, int num_worst_tokens, const turnout::Config& config,
-             uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, uintptr_t s) {
+             uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, bool defer_wait, uintptr_t s) {
             turnout::DispatchCountsArgs a;
             a.num_tokens = num_tokens;
             a.is_token_in_rank = ptr<const bool>(in_rank);
@@ -156,19 +156,36 @@ void bind_buffer(nb::module_& m) {
             set_channels(a, config);
             a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
             a.source_num_tokens = ptr<int32_t>(source_num_tokens);
+            a.defer_wait = defer_wait;
             // The host wait runs without the GIL (other threads may drive other
             // GPUs); a call that does not wait keeps it (releasing costs time).
             std::optional<nb::gil_scoped_release> release;
-            if (num_worst_tokens == 0 && per_expert != 0) release.emplace();
+            if (num_worst_tokens == 0 && per_expert != 0 && !defer_wait) release.emplace();
             turnout::DispatchCounts c = b.dispatch_counts(a, stream(s));
             return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
           })
+      .def(
+          "wait_dispatch_counts",
+          [](Buffer& b) {
+            turnout::DispatchCounts c = b.wait_dispatch_counts();
+            return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("set_dispatch_outputs",
+           [](Buffer& b, uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
+              uintptr_t recv_topk_weights, uintptr_t recv_src_idx) {
+             b.set_dispatch_outputs({ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
+                                     ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx)});
+           })
+      .def("drop_dispatch_outputs", &Buffer::drop_dispatch_outputs)
+      .def("free_device_bytes", &Buffer::free_device_bytes)
       .def("dispatch",
            [](Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
               int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx, uintptr_t topk_weights,
               int num_topk, int num_experts, uintptr_t in_rank, uintptr_t rank_prefix_matrix, int num_recv_rows,
-              int num_worst_tokens, const turnout::Config& config, uintptr_t recv_x, uintptr_t recv_x_scales,
-              uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t s) {
+              int num_worst_tokens, const turnout::Config& config, bool outputs_later, uintptr_t recv_x,
+              uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx,
+              uintptr_t s) {
              turnout::DispatchArgs a;
              a.x = ptr<const void>(x);
              a.num_tokens = num_tokens;
@@ -186,11 +203,9 @@ void bind_buffer(nb::module_& m) {
              a.num_recv_rows = num_recv_rows;
              a.num_worst_tokens = num_worst_tokens;
              set_channels(a, config);
-             a.recv_x = ptr<void>(recv_x);
-             a.recv_x_scales = ptr<void>(recv_x_scales);
-             a.recv_topk_idx = ptr<int64_t>(recv_topk_idx);
-             a.recv_topk_weights = ptr<float>(recv_topk_weights);
-             a.recv_src_idx = ptr<int32_t>(recv_src_idx);
+             a.outputs_later = outputs_later;
+             a.out = {ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
+                      ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx)};
              b.dispatch(a, stream(s));
            })
       .def("combine",
@@ -243,3 +258,4 @@ NB_MODULE(_C, m) {
   nb::module_ ref = m.def_submodule("reference", "Host reference of every op (the test oracle)");
   turnout::bindings::bind_reference(ref);
 }
+

@@ -1,5 +1,4 @@
 """Buffer: the communication buffer of one rank, with DeepEP V1's API."""
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -9,6 +8,8 @@ from .checks import check_int, check_tensor, fail
 from .event import EventOverlap
 
 _TOPK_IDX_DTYPE = torch.int64
+# Headroom over a dispatch's largest outputs (the caching allocator rounds up).
+_LATER_MARGIN_BYTES = 256 << 20
 
 
 # The caller's current stream as a raw handle. torch.cuda.current_stream()
@@ -350,38 +351,62 @@ class Buffer:
             dev = self._device
             native = self._native
             stream = self._comm_raw
+            # Without num_worst_tokens the receive size is known only after the
+            # counts: the data step is launched first, so the tokens move while
+            # the host waits and allocates, and its receive side waits for the
+            # outputs. Only where the allocations cannot need a cudaFree (which
+            # would wait for that kernel): the driver has room for the most
+            # rows a dispatch can receive.
+            later = not cached and not num_worst_tokens and \
+                native.free_device_bytes() >= _LATER_MARGIN_BYTES + num_tokens * R * (
+                    hidden * data.element_size() + 4 * num_scales + 12 * num_topk + 4)
             if not cached:
                 meta = torch.empty(R * R + R, dtype=torch.int32, device=dev)
                 rank_prefix_matrix = meta[:R * R].view(R, R)
                 source_num_tokens = meta[R * R:]
-                num_recv, per_expert = native.dispatch_counts(
+                counts = native.dispatch_counts(
                     is_token_in_rank.data_ptr(), num_tokens, num_tokens_per_expert.data_ptr(), num_experts,
                     topk_idx.data_ptr() if num_topk else 0, num_topk, expert_alignment, num_worst_tokens, config,
-                    rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), stream)
-                if num_worst_tokens:
+                    rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), later, stream)
+                if later:
+                    num_recv, per_expert = 0, []  # after the wait below
+                elif num_worst_tokens:
                     num_recv, per_expert = num_worst_tokens, []
+                else:
+                    num_recv, per_expert = counts
             else:
                 # The counts are known: the notify step only refreshes the channel starts.
                 native.dispatch_counts(is_token_in_rank.data_ptr(), num_tokens, 0, 0, 0, 0, 1, num_recv, config,
-                                       rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), stream)
+                                       rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), False, stream)
                 per_expert = None
-            recv_x = torch.empty((num_recv, hidden), dtype=data.dtype, device=dev)
-            recv_scales = torch.empty((num_recv, num_scales), dtype=scales.dtype, device=dev) \
-                if scales is not None else None
-            recv_topk_idx = torch.empty((num_recv, num_topk), dtype=_TOPK_IDX_DTYPE, device=dev) if num_topk else None
-            recv_topk_weights = torch.empty((num_recv, num_topk), dtype=torch.float32, device=dev) \
-                if num_topk else None
-            recv_src_idx = torch.empty(num_recv, dtype=torch.int32, device=dev)
+
+            def allocate():
+                recv_x = torch.empty((num_recv, hidden), dtype=data.dtype, device=dev)
+                recv_scales = torch.empty((num_recv, num_scales), dtype=scales.dtype, device=dev) \
+                    if scales is not None else None
+                recv_topk_idx = torch.empty((num_recv, num_topk), dtype=_TOPK_IDX_DTYPE, device=dev) \
+                    if num_topk else None
+                recv_topk_weights = torch.empty((num_recv, num_topk), dtype=torch.float32, device=dev) \
+                    if num_topk else None
+                recv_src_idx = torch.empty(num_recv, dtype=torch.int32, device=dev)
+                return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx
+
+            outputs = (None,) * 5 if later else allocate()
             native.dispatch(
                 data.data_ptr(), num_tokens, hidden * data.element_size(),
                 scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
                 topk_idx.data_ptr() if num_topk else 0, topk_weights.data_ptr() if num_topk else 0, num_topk,
                 num_experts, is_token_in_rank.data_ptr(), rank_prefix_matrix.data_ptr(), num_recv,
-                num_worst_tokens if not cached else num_recv, config, recv_x.data_ptr(),
-                recv_scales.data_ptr() if recv_scales is not None else 0,
-                recv_topk_idx.data_ptr() if num_topk else 0, recv_topk_weights.data_ptr() if num_topk else 0,
-                recv_src_idx.data_ptr(), stream)
+                num_worst_tokens if not cached else num_recv, config, later,
+                *(0 if t is None else t.data_ptr() for t in outputs), stream)
+            if later:
+                num_recv, per_expert = native.wait_dispatch_counts()
+                outputs = allocate()
+                native.set_dispatch_outputs(*(0 if t is None else t.data_ptr() for t in outputs))
+            recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx = outputs
         except BaseException:
+            # A receive side still waiting for its outputs drains its rings instead.
+            self._native.drop_dispatch_outputs()
             self._abort_op(compute, allocate_on_comm_stream)
             raise
         event = self._exit_op(compute, async_finish, allocate_on_comm_stream,

@@ -59,6 +59,12 @@ kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_exp
 // NVL domain, a usable config.
 void Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens) {
   require_alive(op);
+  if (outputs_sequence_ != 0) {
+    // It would queue behind a kernel that waits for the host.
+    drop_dispatch_outputs();
+    throw Error(std::string(op) + ": the dispatch before was launched with outputs_later and never given its outputs "
+                "(set_dispatch_outputs); its received rows were dropped");
+  }
   check_errors(op);
   if (!topology_.single_nvl_domain())
     throw NotSupported(std::string(op) +
@@ -94,7 +100,6 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
               str(static_cast<int64_t>(options_.num_nvl_bytes)));
 
   const bool wait = a.num_worst_tokens == 0 && a.num_tokens_per_expert != nullptr;
-  auto* host_box = static_cast<kernels::RecvCountsMailbox*>(recv_counts_.get());
   auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(recv_counts_device_) : nullptr;
   const int32_t sequence = ++recv_counts_sequence_;
   kernels::NotifyParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
@@ -105,10 +110,30 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
                           sequence,
                           wait_context()};
   kernels::launch_intranode_notify(p, stream);
-  DispatchCounts out;
-  if (!wait) return out;
+  deferred_sequence_ = wait ? sequence : 0;
+  if (!wait) return {};
+  deferred_experts_ = a.num_experts / R;
+  if (a.defer_wait) return {};
+  return wait_dispatch_counts();
+}
 
-  // The one host wait of the normal path.
+DispatchCounts Buffer::wait_dispatch_counts() {
+  const char* op = "dispatch";
+  if (deferred_sequence_ == 0)
+    throw Error(std::string(op) + ": wait_dispatch_counts needs a dispatch_counts call that waits on the host");
+  const int32_t sequence = deferred_sequence_;
+  deferred_sequence_ = 0;
+  try {
+    return wait_recv_counts(op, sequence);
+  } catch (...) {
+    drop_dispatch_outputs();
+    throw;
+  }
+}
+
+// The one host wait of the normal path.
+DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
+  const auto* host_box = static_cast<const kernels::RecvCountsMailbox*>(recv_counts_.get());
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s_ + kHostGraceS);
@@ -129,11 +154,32 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
   std::atomic_thread_fence(std::memory_order_acquire);
   // A bad input on any rank (recorded before the counts were posted).
   check_errors(op);
+  DispatchCounts out;
   out.num_recv_tokens = host_box->num_recv_tokens;
-  const int L = a.num_experts / R;
   out.num_recv_tokens_per_expert.assign(host_box->num_recv_tokens_per_expert,
-                                        host_box->num_recv_tokens_per_expert + L);
+                                        host_box->num_recv_tokens_per_expert + deferred_experts_);
   return out;
+}
+
+void Buffer::post_dispatch_outputs(const DispatchOutputs& out, bool drop) {
+  if (outputs_sequence_ == 0)
+    throw Error("dispatch: set_dispatch_outputs needs a dispatch launched with outputs_later");
+  auto* box = static_cast<kernels::OutputsMailbox*>(dispatch_outputs_.get());
+  box->out = out;
+  box->drop = drop;
+  // The GPU reads the fields after it sees the sequence.
+  std::atomic_thread_fence(std::memory_order_release);
+  __atomic_store_n(&box->sequence, outputs_sequence_, __ATOMIC_RELEASE);
+  outputs_sequence_ = 0;
+}
+
+void Buffer::set_dispatch_outputs(const DispatchOutputs& out) {
+  require(aligned16(out.recv_x), "dispatch", "recv_x must start at a 16-byte aligned address");
+  post_dispatch_outputs(out, false);
+}
+
+void Buffer::drop_dispatch_outputs() {
+  if (outputs_sequence_ != 0) post_dispatch_outputs({}, true);
 }
 
 void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
@@ -153,15 +199,23 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
             "topk_idx and topk_weights must be given together");
     require(a.num_experts > 0 && a.num_experts % R == 0, op,
             "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts));
-    require(a.num_recv_rows == 0 || (a.recv_topk_idx && a.recv_topk_weights), op,
-            "recv_topk_idx and recv_topk_weights must be given with top-k");
   }
-  require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
   require(a.num_tokens == 0 || (a.x && a.is_token_in_rank), op, "x and is_token_in_rank must be given");
-  require(a.num_recv_rows == 0 || (a.recv_x && a.recv_src_idx), op, "recv_x and recv_src_idx must be given");
-  require(a.num_scales == 0 || a.num_recv_rows == 0 || a.recv_x_scales, op, "recv_x_scales must be given with scales");
   require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
-  require(aligned16(a.x) && aligned16(a.recv_x), op, "x and recv_x must start at a 16-byte aligned address");
+  require(aligned16(a.x), op, "x must start at a 16-byte aligned address");
+  if (a.outputs_later) {
+    require(deferred_sequence_ != 0 && a.num_worst_tokens == 0, op,
+            "outputs_later needs a dispatch_counts with defer_wait just before, and no num_worst_tokens");
+  } else {
+    const DispatchOutputs& o = a.out;
+    require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
+    require(a.num_recv_rows == 0 || (o.recv_x && o.recv_src_idx), op, "recv_x and recv_src_idx must be given");
+    require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op,
+            "recv_x_scales must be given with scales");
+    require(a.num_topk == 0 || a.num_recv_rows == 0 || (o.recv_topk_idx && o.recv_topk_weights), op,
+            "recv_topk_idx and recv_topk_weights must be given with top-k");
+    require(aligned16(o.recv_x), op, "recv_x must start at a 16-byte aligned address");
+  }
   const auto slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
   const int experts = a.num_topk > 0 ? a.num_experts : 0;
   const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, slot.bytes);
@@ -171,8 +225,17 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
                             slot,
                             a,
                             a.num_topk > 0 ? a.num_experts / R : 0,
+                            nullptr,
+                            0,
+                            nullptr,
                             wait_context()};
+  if (a.outputs_later) {
+    p.outputs_box = static_cast<const kernels::OutputsMailbox*>(dispatch_outputs_device_);
+    p.sequence = deferred_sequence_;
+    p.relay = static_cast<kernels::OutputsMailbox*>(outputs_relay_.get());
+  }
   kernels::launch_intranode_dispatch(p, stream);
+  if (a.outputs_later) outputs_sequence_ = deferred_sequence_;
 }
 
 void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {

@@ -15,6 +15,7 @@ const char* wait_site_name(WaitSite site) {
     case WaitSite::kDispatchCounts: return "dispatch: receive counts";
     case WaitSite::kDispatchData: return "dispatch: token data";
     case WaitSite::kCombineData: return "combine: token data";
+    case WaitSite::kDispatchOutputs: return "dispatch: output tensors from the host";
   }
   return "unknown wait";
 }

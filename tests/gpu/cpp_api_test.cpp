@@ -103,9 +103,13 @@ int check_peer_memory(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
   return 0;
 }
 
+// How a dispatch gets its outputs: allocated before it is launched; given
+// after the host wait (launched first); or dropped after the host wait.
+enum class Outputs { kFirst, kLater, kDropped };
+
 // Every token to every rank, then back: token t of rank s carries the value
 // s * T + t (exact in bf16), so each received row and each sum is known.
-int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream_t stream) {
+int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream_t stream, Outputs mode) {
   constexpr int T = 32, H = 256;
   std::vector<uint16_t> x(T * H);
   for (int t = 0; t < T; ++t)
@@ -134,10 +138,10 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   counts.num_sms = 4;
   counts.rank_prefix_matrix = prefix;
   counts.source_num_tokens = prefix + R * R;
-  const turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
-  EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
-  EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
-         "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
+  counts.defer_wait = mode != Outputs::kFirst;
+  // A dropped dispatch must leave these bytes as they are.
+  TURNOUT_CUDA_CHECK(cudaMemset(d_recv, 0xff, size_t(rows) * H * 2));
+  TURNOUT_CUDA_CHECK(cudaMemset(d_src, 0xff, rows * 4));
 
   turnout::DispatchArgs d;
   d.x = d_x;
@@ -145,11 +149,34 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   d.row_bytes = H * 2;
   d.is_token_in_rank = counts.is_token_in_rank;
   d.rank_prefix_matrix = prefix;
-  d.num_recv_rows = rows;
   d.num_sms = 4;
-  d.recv_x = d_recv;
-  d.recv_src_idx = static_cast<int32_t*>(d_src);
-  buffer.dispatch(d, stream);
+  const turnout::DispatchOutputs outputs{d_recv, nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src)};
+  turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
+  if (mode == Outputs::kFirst) {
+    d.num_recv_rows = rows;
+    d.out = outputs;
+    buffer.dispatch(d, stream);
+  } else {
+    d.outputs_later = true;
+    buffer.dispatch(d, stream);
+    got = buffer.wait_dispatch_counts();
+    if (mode == Outputs::kLater)
+      buffer.set_dispatch_outputs(outputs);
+    else
+      buffer.drop_dispatch_outputs();
+  }
+  EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
+  EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
+         "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
+
+  if (mode == Outputs::kDropped) {
+    buffer.synchronize(stream, "dropped dispatch");
+    std::vector<int32_t> src(rows);
+    TURNOUT_CUDA_CHECK(cudaMemcpy(src.data(), d_src, rows * 4, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < rows; ++i) EXPECT(src[i] == -1, "dropped dispatch wrote recv_src_idx[%d] = %d", i, src[i]);
+    for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out}) TURNOUT_CUDA_CHECK(cudaFree(p));
+    return 0;
+  }
 
   turnout::CombineArgs c;
   c.x = d_recv;
@@ -193,7 +220,10 @@ int run_rank(int rank, int num_ranks, uint16_t port) {
     turnout::Buffer buffer(bootstrap, options);
     cudaStream_t stream = buffer.comm_stream();
     if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream) ||
-        check_intranode(buffer, rank, num_ranks, stream))
+        check_intranode(buffer, rank, num_ranks, stream, Outputs::kFirst) ||
+        check_intranode(buffer, rank, num_ranks, stream, Outputs::kLater) ||
+        check_intranode(buffer, rank, num_ranks, stream, Outputs::kDropped) ||
+        check_intranode(buffer, rank, num_ranks, stream, Outputs::kFirst))
       return 1;
     buffer.destroy();
     std::printf("rank %d: ok\n", rank);

@@ -90,12 +90,62 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   out.finish(sent, lane);
 }
 
+// The outputs of the call: from the arguments, or (launched before they
+// existed) from the host's mailbox once it posts them. Null recv_x with rows
+// to write: drop them. False if the wait failed.
+//
+// Reading host memory is a PCIe round trip (microseconds), and every poll of
+// it slows the senders' system-scope releases, so only the first receive
+// block polls the host; it passes the outputs on through device memory.
+__device__ bool resolve_outputs(const DispatchParams& p, DispatchOutputs& out) {
+  constexpr int kWords = sizeof(DispatchOutputs) / 8;
+  static_assert(sizeof(DispatchOutputs) == kWords * 8 && kWords < 32);
+  __shared__ uint64_t s_out[kWords];
+  __shared__ bool s_ok;
+  if (p.outputs_box == nullptr) {
+    out = p.args.out;
+    return true;
+  }
+  const bool first = blockIdx.x == 1;
+  const OutputsMailbox* box = first ? p.outputs_box : p.relay;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    bool ok = true;
+    if (lane == 0)
+      ok = device::bounded_wait(p.ctx, p.ctx.rank, WaitSite::kDispatchOutputs,
+                                [&] { return device::load_acquire_sys(&box->sequence) == p.sequence; });
+    ok = __shfl_sync(~0u, ok, 0);
+    // Orders the reads below after lane 0's acquire (a shuffle alone does not).
+    __syncwarp();
+    // One word per lane, all in flight at once (volatile: no stale L1 line).
+    uint64_t word = 0;
+    if (lane < kWords) word = reinterpret_cast<const volatile uint64_t*>(&box->out)[lane];
+    const bool drop = __shfl_sync(~0u, lane == 0 ? *reinterpret_cast<const volatile int32_t*>(&box->drop) : 0, 0);
+    if (drop) word = 0;
+    if (lane < kWords) s_out[lane] = word;
+    if (first && ok) {
+      if (lane < kWords) reinterpret_cast<uint64_t*>(&p.relay->out)[lane] = word;
+      __syncwarp();
+      if (lane == 0) {
+        p.relay->drop = 0;
+        device::store_release_sys(&p.relay->sequence, p.sequence);
+      }
+    }
+    if (lane == 0) s_ok = ok;
+  }
+  __syncthreads();
+  memcpy(&out, s_out, sizeof(out));
+  return s_ok;
+}
+
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
   const auto [group_warps, src, g] = warp_group(kWarps, R);
   __shared__ int32_t s_tail[kMaxNvlRanks];
+  DispatchOutputs o;
+  if (!resolve_outputs(p, o)) return;
   if (src >= R) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels, Q = region.ring_slots;
@@ -122,7 +172,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
     device::named_barrier(1 + src, group_warps * 32);
     const int avail = s_tail[src];
     if (avail < 0) break;
-    for (int n = consumed + g; n < avail; n += group_warps) {
+    for (int n = consumed + g; o.recv_x != nullptr && n < avail; n += group_warps) {
       const char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
       const int64_t row = row0 + n;
       // Small loads first (from L2: another GPU wrote them), then the row.
@@ -136,17 +186,17 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
         weight = __ldcg(meta + s.weights / 4 + lane);
       }
       if (lane == 0) src_idx = __ldcg(meta + s.src / 4);
-      device::warp_copy_16<true>(static_cast<char*>(a.recv_x) + row * a.row_bytes, slot, n16, lane);
-      auto* out_scales = static_cast<int32_t*>(a.recv_x_scales) + row * a.num_scales;
+      device::warp_copy_16<true>(static_cast<char*>(o.recv_x) + row * a.row_bytes, slot, n16, lane);
+      auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
 #pragma unroll
       for (int m = 0; m < 2; ++m)
         if (lane + 32 * m < a.num_scales) out_scales[lane + 32 * m] = scale[m];
       for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = __ldcg(meta + s.scales / 4 + i);
       if (lane < a.num_topk) {
-        a.recv_topk_idx[row * a.num_topk + lane] = topk;
-        a.recv_topk_weights[row * a.num_topk + lane] = __int_as_float(weight);
+        o.recv_topk_idx[row * a.num_topk + lane] = topk;
+        o.recv_topk_weights[row * a.num_topk + lane] = __int_as_float(weight);
       }
-      if (lane == 0) a.recv_src_idx[row] = src_idx;
+      if (lane == 0) o.recv_src_idx[row] = src_idx;
     }
     // Every warp has read its slots: hand them back to the sender.
     device::named_barrier(1 + src, group_warps * 32);
@@ -167,10 +217,10 @@ __device__ void fill_padding(const DispatchParams& p, int receiver, int num_rece
     const int64_t row = num_recv + i / per_row;
     const int k = static_cast<int>(i % per_row);
     if (k == 0) {
-      a.recv_src_idx[row] = -1;
+      a.out.recv_src_idx[row] = -1;
     } else {
-      a.recv_topk_idx[row * a.num_topk + k - 1] = -1;
-      a.recv_topk_weights[row * a.num_topk + k - 1] = 0.0f;
+      a.out.recv_topk_idx[row * a.num_topk + k - 1] = -1;
+      a.out.recv_topk_weights[row * a.num_topk + k - 1] = 0.0f;
     }
   }
 }

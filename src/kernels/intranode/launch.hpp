@@ -23,6 +23,15 @@ struct RecvCountsMailbox {
 inline constexpr int64_t kMailboxBytes = 64 * 1024;
 inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 8) / 4;
 
+// Where the host leaves the outputs of a dispatch launched before they
+// existed (host-mapped): the fields, then `sequence` (the call's counts
+// sequence) last. `drop`: drain the rings without writing.
+struct OutputsMailbox {
+  int32_t sequence;
+  int32_t drop;
+  DispatchOutputs out;
+};
+
 // The grid limits: one channel is a send block and a receive block.
 inline constexpr int kMaxChannels = 128;
 
@@ -53,6 +62,13 @@ struct DispatchParams {
   DispatchSlot slot;
   DispatchArgs args;
   int experts_per_rank;  // L (0 without top-k)
+  // With args.outputs_later: device view of the host's mailbox, and the
+  // sequence that marks this call's outputs there.
+  const OutputsMailbox* outputs_box;
+  int32_t sequence;
+  // Device memory where the first receive block passes the outputs on to the
+  // others, so that one thread, not every block, polls host memory.
+  OutputsMailbox* relay;
   WaitContext ctx;
 };
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);
