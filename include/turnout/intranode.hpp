@@ -34,10 +34,9 @@ struct DispatchCountsArgs {
   int num_max_recv_tokens = 256;
   // With a host wait: return at once; Buffer::wait_dispatch_counts waits.
   bool defer_wait = false;
-  // Filled on the device for the handle: [R, R] prefix matrix and [R] token
-  // count of every source rank (combine's channels need them).
+  // Filled on the device for the handle: rank_prefix_matrix[i][j] = tokens
+  // ranks 0..i send rank j.
   int32_t* rank_prefix_matrix = nullptr;
-  int32_t* source_num_tokens = nullptr;
 };
 
 // What the host learns from the counts step (empty when num_worst_tokens > 0).
@@ -53,7 +52,10 @@ struct DispatchOutputs {
   void* recv_x_scales = nullptr;     // [rows, num_scales], row-major
   int64_t* recv_topk_idx = nullptr;  // local ids, -1 elsewhere and on padding rows
   float* recv_topk_weights = nullptr;
-  int32_t* recv_src_idx = nullptr;   // source token index of each row (-1 on padding)
+  int32_t* recv_src_idx = nullptr;   // source token index of each row (-1 on padding); null: not written
+  // [R] token count of every source rank, for the handle (combine's channels
+  // need it); null: not written.
+  int32_t* source_num_tokens = nullptr;
 };
 
 // Row tensors (x, recv_x; combine's x, biases and combined_x) start at

@@ -143,7 +143,7 @@ void bind_buffer(nb::module_& m) {
           "dispatch_counts",
           [](Buffer& b, uintptr_t in_rank, int num_tokens, uintptr_t per_expert, int num_experts, uintptr_t topk_idx,
              int num_topk, int expert_alignment, int num_worst_tokens, const turnout::Config& config,
-             uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, bool defer_wait, uintptr_t s) {
+             uintptr_t rank_prefix_matrix, bool defer_wait, uintptr_t s) {
             turnout::DispatchCountsArgs a;
             a.num_tokens = num_tokens;
             a.is_token_in_rank = ptr<const bool>(in_rank);
@@ -155,7 +155,6 @@ void bind_buffer(nb::module_& m) {
             a.num_worst_tokens = num_worst_tokens;
             set_channels(a, config);
             a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
-            a.source_num_tokens = ptr<int32_t>(source_num_tokens);
             a.defer_wait = defer_wait;
             // The host wait runs without the GIL (other threads may drive other
             // GPUs); a call that does not wait keeps it (releasing costs time).
@@ -173,9 +172,10 @@ void bind_buffer(nb::module_& m) {
           nb::call_guard<nb::gil_scoped_release>())
       .def("set_dispatch_outputs",
            [](Buffer& b, uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
-              uintptr_t recv_topk_weights, uintptr_t recv_src_idx) {
+              uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens) {
              b.set_dispatch_outputs({ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
-                                     ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx)});
+                                     ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx),
+                                     ptr<int32_t>(source_num_tokens)});
            })
       .def("drop_dispatch_outputs", &Buffer::drop_dispatch_outputs)
       .def("free_device_bytes", &Buffer::free_device_bytes)
@@ -185,7 +185,7 @@ void bind_buffer(nb::module_& m) {
               int num_topk, int num_experts, uintptr_t in_rank, uintptr_t rank_prefix_matrix, int num_recv_rows,
               int num_worst_tokens, const turnout::Config& config, bool outputs_later, uintptr_t recv_x,
               uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx,
-              uintptr_t s) {
+              uintptr_t source_num_tokens, uintptr_t s) {
              turnout::DispatchArgs a;
              a.x = ptr<const void>(x);
              a.num_tokens = num_tokens;
@@ -205,7 +205,7 @@ void bind_buffer(nb::module_& m) {
              set_channels(a, config);
              a.outputs_later = outputs_later;
              a.out = {ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
-                      ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx)};
+                      ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx), ptr<int32_t>(source_num_tokens)};
              b.dispatch(a, stream(s));
            })
       .def("combine",

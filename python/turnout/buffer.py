@@ -284,7 +284,8 @@ class Buffer:
         return x, None
 
     def _check_handle(self, op: str, handle):
-        if not (isinstance(handle, tuple) and len(handle) == 4 and all(isinstance(t, torch.Tensor) for t in handle)):
+        if not (isinstance(handle, tuple) and len(handle) == 3 and all(isinstance(t, torch.Tensor) for t in handle)
+                and handle[1].dim() == 1 and handle[1].shape[0] >= self.group_size):
             fail(op, "handle", "the handle a dispatch of this buffer returned", type(handle).__name__, TypeError)
         return handle
 
@@ -297,8 +298,9 @@ class Buffer:
         ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
         with ``handle`` given (cached mode) only ``recv_x`` and the event.
 
-        The handle is ``(rank_prefix_matrix, source_num_tokens, recv_src_idx,
-        is_token_in_rank)``. ``num_tokens_per_rank`` and
+        The handle is ``(rank_prefix_matrix, source_info, is_token_in_rank)``;
+        ``source_info`` holds every source rank's token count, then the
+        source token index of each received row. ``num_tokens_per_rank`` and
         ``num_tokens_per_rdma_rank`` are checked but not needed: the counts
         come from ``is_token_in_rank``.
         """
@@ -312,13 +314,13 @@ class Buffer:
         cached = handle is not None
         num_experts = num_topk = 0
         if cached:
-            rank_prefix_matrix, source_num_tokens, old_src_idx, is_token_in_rank = self._check_handle(op, handle)
+            rank_prefix_matrix, old_source_info, is_token_in_rank = self._check_handle(op, handle)
             if topk_idx is not None or topk_weights is not None:
                 fail(op, "topk_idx", "None with a handle (cached dispatch)", "a tensor")
             if is_token_in_rank.shape[0] != num_tokens:
                 fail(op, "x", f"of {is_token_in_rank.shape[0]} rows, the tokens of the handle's dispatch",
                      f"{num_tokens} rows")
-            num_recv = old_src_idx.shape[0]
+            num_recv = old_source_info.shape[0] - R
         else:
             check_tensor(op, "is_token_in_rank", is_token_in_rank, dtype=torch.bool, shape=(num_tokens, R),
                          device=self._device)
@@ -351,34 +353,36 @@ class Buffer:
             dev = self._device
             native = self._native
             stream = self._comm_raw
+            in_rank_ptr = is_token_in_rank.data_ptr()
+            topk_idx_ptr = topk_idx.data_ptr() if num_topk else 0
             # Without num_worst_tokens the receive size is known only after the
-            # counts: the data step is launched first, so the tokens move while
-            # the host waits and allocates, and its receive side waits for the
-            # outputs. Only where the allocations cannot need a cudaFree (which
-            # would wait for that kernel): the driver has room for the most
-            # rows a dispatch can receive.
-            later = not cached and not num_worst_tokens and \
-                native.free_device_bytes() >= _LATER_MARGIN_BYTES + num_tokens * R * (
-                    hidden * data.element_size() + 4 * num_scales + 12 * num_topk + 4)
+            # counts, so the host wait comes after the counts launch.
+            defer = not cached and not num_worst_tokens
             if not cached:
-                meta = torch.empty(R * R + R, dtype=torch.int32, device=dev)
-                rank_prefix_matrix = meta[:R * R].view(R, R)
-                source_num_tokens = meta[R * R:]
-                counts = native.dispatch_counts(
-                    is_token_in_rank.data_ptr(), num_tokens, num_tokens_per_expert.data_ptr(), num_experts,
-                    topk_idx.data_ptr() if num_topk else 0, num_topk, expert_alignment, num_worst_tokens, config,
-                    rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), later, stream)
-                if later:
-                    num_recv, per_expert = 0, []  # after the wait below
-                elif num_worst_tokens:
+                rank_prefix_matrix = torch.empty((R, R), dtype=torch.int32, device=dev)
+                native.dispatch_counts(
+                    in_rank_ptr, num_tokens, num_tokens_per_expert.data_ptr(), num_experts, topk_idx_ptr, num_topk,
+                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), defer, stream)
+                if num_worst_tokens:
                     num_recv, per_expert = num_worst_tokens, []
-                else:
-                    num_recv, per_expert = counts
             else:
                 # The counts are known: the notify step only refreshes the channel starts.
-                native.dispatch_counts(is_token_in_rank.data_ptr(), num_tokens, 0, 0, 0, 0, 1, num_recv, config,
-                                       rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), False, stream)
+                native.dispatch_counts(in_rank_ptr, num_tokens, 0, 0, 0, 0, 1, num_recv, config,
+                                       rank_prefix_matrix.data_ptr(), False, stream)
                 per_expert = None
+            rank_prefix_ptr = rank_prefix_matrix.data_ptr()
+            # The data step is launched before the wait where it can be, so the
+            # tokens move while the host waits and allocates; its receive side
+            # then waits for the outputs. Only where the allocations cannot need
+            # a cudaFree (which would wait for that kernel): the driver has room
+            # for the most rows a dispatch can receive. The query runs while the
+            # counts kernel does.
+            later = defer and native.free_device_bytes() >= _LATER_MARGIN_BYTES + num_tokens * R * (
+                hidden * data.element_size() + 4 * num_scales + 12 * num_topk + 4)
+            if later:
+                num_recv = 0  # known after the wait below
+            elif defer:
+                num_recv, per_expert = native.wait_dispatch_counts()
 
             def allocate():
                 recv_x = torch.empty((num_recv, hidden), dtype=data.dtype, device=dev)
@@ -388,35 +392,38 @@ class Buffer:
                     if num_topk else None
                 recv_topk_weights = torch.empty((num_recv, num_topk), dtype=torch.float32, device=dev) \
                     if num_topk else None
-                recv_src_idx = torch.empty(num_recv, dtype=torch.int32, device=dev)
-                return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx
+                source_info = None if cached else torch.empty(R + num_recv, dtype=torch.int32, device=dev)
+                return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_info
+
+            def pointers(outputs):
+                ptrs = [0 if t is None else t.data_ptr() for t in outputs]
+                # source_info: the counts, then recv_src_idx
+                return (*ptrs[:4], ptrs[4] + 4 * R if ptrs[4] else 0, ptrs[4])
 
             outputs = (None,) * 5 if later else allocate()
             native.dispatch(
                 data.data_ptr(), num_tokens, hidden * data.element_size(),
                 scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
-                topk_idx.data_ptr() if num_topk else 0, topk_weights.data_ptr() if num_topk else 0, num_topk,
-                num_experts, is_token_in_rank.data_ptr(), rank_prefix_matrix.data_ptr(), num_recv,
-                num_worst_tokens if not cached else num_recv, config, later,
-                *(0 if t is None else t.data_ptr() for t in outputs), stream)
+                topk_idx_ptr, topk_weights.data_ptr() if num_topk else 0, num_topk, num_experts, in_rank_ptr,
+                rank_prefix_ptr, num_recv, 0 if cached else num_worst_tokens, config, later, *pointers(outputs),
+                stream)
             if later:
                 num_recv, per_expert = native.wait_dispatch_counts()
                 outputs = allocate()
-                native.set_dispatch_outputs(*(0 if t is None else t.data_ptr() for t in outputs))
-            recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx = outputs
+                native.set_dispatch_outputs(*pointers(outputs))
+            recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_info = outputs
         except BaseException:
             # A receive side still waiting for its outputs drains its rings instead.
             self._native.drop_dispatch_outputs()
             self._abort_op(compute, allocate_on_comm_stream)
             raise
         event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
-                              (data, scales, topk_idx, topk_weights, is_token_in_rank, rank_prefix_matrix,
-                               source_num_tokens, recv_x, recv_scales, recv_topk_idx, recv_topk_weights,
-                               recv_src_idx))
+                              (data, scales, topk_idx, topk_weights, is_token_in_rank, rank_prefix_matrix, recv_x,
+                               recv_scales, recv_topk_idx, recv_topk_weights, source_info))
         out_x = (recv_x, recv_scales) if scales is not None else recv_x
         if cached:
             return out_x, None, None, None, None, event
-        new_handle = (rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank)
+        new_handle = (rank_prefix_matrix, source_info, is_token_in_rank)
         return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, event
 
     def combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None, bias=None,
@@ -427,8 +434,8 @@ class Buffer:
         two). Returns ``(combined_x, combined_topk_weights or None, event)``."""
         op = "combine"
         config = self._config(op, config, Buffer.get_combine_config)
-        rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank = self._check_handle(op, handle)
-        num_rows = recv_src_idx.shape[0]
+        rank_prefix_matrix, source_info, is_token_in_rank = self._check_handle(op, handle)
+        num_rows = source_info.shape[0] - self.group_size
         num_tokens = is_token_in_rank.shape[0]
         check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
         if x.shape[0] != num_rows:
@@ -459,17 +466,18 @@ class Buffer:
             combined_x = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=self._device)
             combined_w = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=self._device) \
                 if num_topk else None
+            source_ptr = source_info.data_ptr()
             self._native.combine(
                 x.data_ptr(), num_rows, hidden, topk_weights.data_ptr() if num_topk else 0, num_topk, bias0, bias1,
-                rank_prefix_matrix.data_ptr(), source_num_tokens.data_ptr(), recv_src_idx.data_ptr(),
+                rank_prefix_matrix.data_ptr(), source_ptr, source_ptr + 4 * self.group_size,
                 is_token_in_rank.data_ptr(), num_tokens, config, combined_x.data_ptr(),
                 combined_w.data_ptr() if num_topk else 0, self._comm_raw)
         except BaseException:
             self._abort_op(compute, allocate_on_comm_stream)
             raise
         event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
-                              (x, topk_weights, *biases, rank_prefix_matrix, source_num_tokens, recv_src_idx,
-                               is_token_in_rank, combined_x, combined_w))
+                              (x, topk_weights, *biases, rank_prefix_matrix, source_info, is_token_in_rank,
+                               combined_x, combined_w))
         return combined_x, combined_w, event
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def check_tensor(op: str, arg: str, t, dtype: Optional[torch.dtype] = None, ndim
         fail(op, arg, f"on {device}", t.device)
     if ndim is not None and t.dim() != ndim:
         fail(op, arg, f"{ndim}-D", f"shape {tuple(t.shape)}")
-    if shape is not None:
+    # torch.Size equals a tuple of ints: one comparison where no size is free.
+    if shape is not None and t.shape != shape:
         if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
             want = tuple("*" if s is None else s for s in shape)
             fail(op, arg, f"of shape {want}", f"shape {tuple(t.shape)}")

@@ -80,7 +80,7 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
   require(a.num_tokens == 0 || a.is_token_in_rank, op, "is_token_in_rank must be given");
   require(a.expert_alignment >= 1, op, "expert_alignment must be >= 1, got " + str(a.expert_alignment));
   require(a.num_worst_tokens >= 0, op, "num_worst_tokens must be >= 0, got " + str(a.num_worst_tokens));
-  require(a.rank_prefix_matrix && a.source_num_tokens, op, "rank_prefix_matrix and source_num_tokens must be given");
+  require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
   require(a.num_topk >= 0 && a.num_topk <= kMaxTopk && (a.num_topk == 0 || a.num_tokens == 0 || a.topk_idx), op,
           "num_topk must be in [0, " + str(kMaxTopk) + "] with topk_idx given, got " + str(a.num_topk));
   if (a.num_tokens_per_expert || a.num_topk > 0) {
@@ -209,7 +209,9 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   } else {
     const DispatchOutputs& o = a.out;
     require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
-    require(a.num_recv_rows == 0 || (o.recv_x && o.recv_src_idx), op, "recv_x and recv_src_idx must be given");
+    require(a.num_recv_rows == 0 || o.recv_x, op, "recv_x must be given");
+    require(a.num_worst_tokens == 0 || a.num_recv_rows == 0 || o.recv_src_idx, op,
+            "recv_src_idx must be given with num_worst_tokens (its padding rows are marked -1)");
     require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op,
             "recv_x_scales must be given with scales");
     require(a.num_topk == 0 || a.num_recv_rows == 0 || (o.recv_topk_idx && o.recv_topk_weights), op,

@@ -137,11 +137,11 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   counts.num_experts = R;
   counts.num_sms = 4;
   counts.rank_prefix_matrix = prefix;
-  counts.source_num_tokens = prefix + R * R;
   counts.defer_wait = mode != Outputs::kFirst;
   // A dropped dispatch must leave these bytes as they are.
   TURNOUT_CUDA_CHECK(cudaMemset(d_recv, 0xff, size_t(rows) * H * 2));
   TURNOUT_CUDA_CHECK(cudaMemset(d_src, 0xff, rows * 4));
+  TURNOUT_CUDA_CHECK(cudaMemset(prefix + R * R, 0xff, R * 4));
 
   turnout::DispatchArgs d;
   d.x = d_x;
@@ -150,7 +150,8 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   d.is_token_in_rank = counts.is_token_in_rank;
   d.rank_prefix_matrix = prefix;
   d.num_sms = 4;
-  const turnout::DispatchOutputs outputs{d_recv, nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src)};
+  const turnout::DispatchOutputs outputs{d_recv, nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src),
+                                         prefix + R * R};
   turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
   if (mode == Outputs::kFirst) {
     d.num_recv_rows = rows;
@@ -174,6 +175,10 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
     std::vector<int32_t> src(rows);
     TURNOUT_CUDA_CHECK(cudaMemcpy(src.data(), d_src, rows * 4, cudaMemcpyDeviceToHost));
     for (int i = 0; i < rows; ++i) EXPECT(src[i] == -1, "dropped dispatch wrote recv_src_idx[%d] = %d", i, src[i]);
+    std::vector<int32_t> source_tokens(R);
+    TURNOUT_CUDA_CHECK(cudaMemcpy(source_tokens.data(), prefix + R * R, R * 4, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < R; ++j)
+      EXPECT(source_tokens[j] == -1, "dropped dispatch wrote source_num_tokens[%d] = %d", j, source_tokens[j]);
     for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out}) TURNOUT_CUDA_CHECK(cudaFree(p));
     return 0;
   }
@@ -193,9 +198,12 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   buffer.synchronize(stream, "intranode check");
 
   std::vector<uint16_t> recv(size_t(rows) * H), out(x.size());
-  std::vector<int32_t> src(rows);
+  std::vector<int32_t> src(rows), source_tokens(R);
   TURNOUT_CUDA_CHECK(cudaMemcpy(recv.data(), d_recv, recv.size() * 2, cudaMemcpyDeviceToHost));
   TURNOUT_CUDA_CHECK(cudaMemcpy(src.data(), d_src, rows * 4, cudaMemcpyDeviceToHost));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(source_tokens.data(), prefix + R * R, R * 4, cudaMemcpyDeviceToHost));
+  for (int j = 0; j < R; ++j)
+    EXPECT(source_tokens[j] == T, "source_num_tokens[%d] = %d, expected %d", j, source_tokens[j], T);
   TURNOUT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
   for (int i = 0; i < rows; ++i) {
     const int s = i / T, t = i % T;  // rows by source rank, then source token

@@ -146,10 +146,13 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   __shared__ int32_t s_tail[kMaxNvlRanks];
   DispatchOutputs o;
   if (!resolve_outputs(p, o)) return;
-  if (src >= R) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels, Q = region.ring_slots;
   char* self = bytes(p.peers.buffers[me]);
+  // Every source rank's token count, as the counts step received it.
+  if (blockIdx.x == 1 && o.source_num_tokens != nullptr && threadIdx.x < R)
+    o.source_num_tokens[threadIdx.x] = reinterpret_cast<const int32_t*>(self + region.source_info)[threadIdx.x * 4];
+  if (src >= R) return;
   const int32_t* starts = reinterpret_cast<const int32_t*>(self + region.channel_start) + src * (C + 1);
   const int begin = starts[channel], count = starts[channel + 1] - begin;
   const int64_t row0 = (src > 0 ? a.rank_prefix_matrix[(src - 1) * R + me] : 0) + begin;
@@ -196,7 +199,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
         o.recv_topk_idx[row * a.num_topk + lane] = topk;
         o.recv_topk_weights[row * a.num_topk + lane] = __int_as_float(weight);
       }
-      if (lane == 0) o.recv_src_idx[row] = src_idx;
+      if (lane == 0 && o.recv_src_idx != nullptr) o.recv_src_idx[row] = src_idx;
     }
     // Every warp has read its slots: hand them back to the sender.
     device::named_barrier(1 + src, group_warps * 32);

@@ -133,7 +133,6 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
       sum += matrix[i * R + j];
       a.rank_prefix_matrix[i * R + j] = sum;
     }
-    a.source_num_tokens[j] = info[j * 4];
     // Every rank sees every rank's bound and input check, so all skip the data
     // step together when any receiver would overflow or any input was bad.
     const int worst = info[j * 4 + 1];
