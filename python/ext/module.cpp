@@ -3,6 +3,7 @@
 // call costs no DLPack conversion and the module links no libtorch.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -34,6 +35,18 @@ void set_channels(Args& a, const turnout::Config& config) {
 }
 
 cudaStream_t stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// The stream joins around an op, folded into its first and last native call
+// (each call into the extension costs about a microsecond): the op's stream
+// waits for `wait_for` before the launch, `join_to` waits for the op's stream
+// after it. None: no join (0 is a stream, the legacy default one).
+using MaybeStream = std::optional<uintptr_t>;
+void join_before(turnout::Buffer& b, uintptr_t s, MaybeStream wait_for) {
+  if (wait_for) b.join(stream(s), stream(*wait_for));
+}
+void join_after(turnout::Buffer& b, uintptr_t s, MaybeStream join_to) {
+  if (join_to) b.join(stream(*join_to), stream(s));
+}
 
 void translate_errors(const std::exception_ptr& p, void*) {
   try {
@@ -127,7 +140,8 @@ void bind_buffer(nb::module_& m) {
       .def(
           "get_dispatch_layout",
           [](Buffer& b, uintptr_t topk_idx, int num_tokens, int num_topk, int num_experts, uintptr_t per_rank,
-             uintptr_t per_rdma_rank, uintptr_t per_expert, uintptr_t in_rank, uintptr_t s) {
+             uintptr_t per_rdma_rank, uintptr_t per_expert, uintptr_t in_rank, uintptr_t s, MaybeStream wait_for,
+             MaybeStream join_to) {
             turnout::LayoutArgs a;
             a.topk_idx = ptr<const int64_t>(topk_idx);
             a.num_tokens = num_tokens;
@@ -137,13 +151,15 @@ void bind_buffer(nb::module_& m) {
             a.num_tokens_per_rdma_rank = ptr<int32_t>(per_rdma_rank);
             a.num_tokens_per_expert = ptr<int32_t>(per_expert);
             a.is_token_in_rank = ptr<bool>(in_rank);
+            join_before(b, s, wait_for);
             b.get_dispatch_layout(a, stream(s));
+            join_after(b, s, join_to);
           })
       .def(
           "dispatch_counts",
           [](Buffer& b, uintptr_t in_rank, int num_tokens, uintptr_t per_expert, int num_experts, uintptr_t topk_idx,
              int num_topk, int expert_alignment, int num_worst_tokens, const turnout::Config& config,
-             uintptr_t rank_prefix_matrix, bool defer_wait, uintptr_t s) {
+             uintptr_t rank_prefix_matrix, bool defer_wait, uintptr_t s, MaybeStream wait_for) {
             turnout::DispatchCountsArgs a;
             a.num_tokens = num_tokens;
             a.is_token_in_rank = ptr<const bool>(in_rank);
@@ -160,6 +176,7 @@ void bind_buffer(nb::module_& m) {
             // GPUs); a call that does not wait keeps it (releasing costs time).
             std::optional<nb::gil_scoped_release> release;
             if (num_worst_tokens == 0 && per_expert != 0 && !defer_wait) release.emplace();
+            join_before(b, s, wait_for);
             turnout::DispatchCounts c = b.dispatch_counts(a, stream(s));
             return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
           })
@@ -185,7 +202,7 @@ void bind_buffer(nb::module_& m) {
               int num_topk, int num_experts, uintptr_t in_rank, uintptr_t rank_prefix_matrix, int num_recv_rows,
               int num_worst_tokens, const turnout::Config& config, bool outputs_later, uintptr_t recv_x,
               uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx,
-              uintptr_t source_num_tokens, uintptr_t s) {
+              uintptr_t source_num_tokens, uintptr_t s, MaybeStream join_to) {
              turnout::DispatchArgs a;
              a.x = ptr<const void>(x);
              a.num_tokens = num_tokens;
@@ -207,12 +224,13 @@ void bind_buffer(nb::module_& m) {
              a.out = {ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
                       ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx), ptr<int32_t>(source_num_tokens)};
              b.dispatch(a, stream(s));
+             join_after(b, s, join_to);
            })
       .def("combine",
            [](Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_weights, int num_topk, uintptr_t bias0,
               uintptr_t bias1, uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, uintptr_t recv_src_idx,
               uintptr_t in_rank, int num_tokens, const turnout::Config& config, uintptr_t combined_x,
-              uintptr_t combined_topk_weights, uintptr_t s) {
+              uintptr_t combined_topk_weights, uintptr_t s, MaybeStream wait_for, MaybeStream join_to) {
              turnout::CombineArgs a;
              a.x = ptr<const void>(x);
              a.num_rows = num_rows;
@@ -229,7 +247,9 @@ void bind_buffer(nb::module_& m) {
              set_channels(a, config);
              a.combined_x = ptr<void>(combined_x);
              a.combined_topk_weights = ptr<float>(combined_topk_weights);
+             join_before(b, s, wait_for);
              b.combine(a, stream(s));
+             join_after(b, s, join_to);
            })
       .def("join", [](Buffer& b, uintptr_t waiter, uintptr_t waited) { b.join(stream(waiter), stream(waited)); })
       .def("barrier", [](Buffer& b, uintptr_t s) { b.barrier(stream(s)); })

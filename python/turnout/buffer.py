@@ -167,9 +167,11 @@ class Buffer:
 
     def _enter_op(self, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
                   allocate_on_comm_stream: bool):
-        """Makes the communication stream wait for its inputs; returns the
-        caller's stream (raw handle, and the torch object when it is needed).
-        Ops run on the communication stream."""
+        """Ops run on the communication stream. Returns the caller's stream
+        (raw handle, and the torch object when it is needed), the stream the
+        op's first native call makes the communication stream wait for (None:
+        previous_event did that here), and the stream its last native call
+        makes wait for the op (None with async_finish: the event does)."""
         self._require_alive(op)
         if previous_event is not None and not isinstance(previous_event, EventOverlap):
             fail(op, "previous_event", "an EventOverlap or None", type(previous_event).__name__, TypeError)
@@ -177,30 +179,30 @@ class Buffer:
             fail(op, "allocate_on_comm_stream", "used with previous_event and async_finish=True",
                  f"previous_event={previous_event}, async_finish={async_finish}")
         compute_raw = _current_raw_stream(self._device_index)
+        wait_for = compute_raw
         if previous_event is not None and previous_event.event is not None:
             self._comm_stream.wait_event(previous_event.event)
-        else:
-            self._native.join(self._comm_raw, compute_raw)
+            wait_for = None
         compute = None
         if allocate_on_comm_stream:
             compute = torch.cuda.current_stream()
             torch.cuda.set_stream(self._comm_stream)
-        return compute_raw, compute
+        return compute_raw, compute, wait_for, None if async_finish else compute_raw
 
     def _abort_op(self, state, allocate_on_comm_stream: bool) -> None:
         """Leaves the streams as _enter_op found them when an op fails."""
-        compute_raw, compute = state
+        compute_raw, compute, _, _ = state
         if allocate_on_comm_stream:
             torch.cuda.set_stream(compute)
         self._native.join(compute_raw, self._comm_raw)
 
     def _exit_op(self, state, async_finish: bool, allocate_on_comm_stream: bool,
                  tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
-        compute_raw, compute = state
+        """Without async_finish the op's last native call has joined the streams."""
+        _, compute, _, _ = state
         if allocate_on_comm_stream:
             torch.cuda.set_stream(compute)
         if not async_finish:
-            self._native.join(compute_raw, self._comm_raw)
             return EventOverlap()
         event = torch.cuda.Event()
         event.record(self._comm_stream)
@@ -232,25 +234,25 @@ class Buffer:
         num_tokens, num_topk = topk_idx.shape
         num_ranks, num_rdma_ranks = self.group_size, self._native.num_rdma_ranks
         has_rdma = num_rdma_ranks > 1
-        compute = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        streams = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
         try:
             counts = torch.empty(num_ranks + (num_rdma_ranks if has_rdma else 0) + num_experts, dtype=torch.int32,
                                  device=self._device)
             num_tokens_per_rank = counts[:num_ranks]
             num_tokens_per_rdma_rank = counts[num_ranks:num_ranks + num_rdma_ranks] if has_rdma else None
             num_tokens_per_expert = counts[counts.numel() - num_experts:]
-            is_token_in_rank = torch.empty((num_tokens, num_ranks), dtype=torch.bool, device=self._device)
+            is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=self._device)
             stream = self._comm_raw
             self._native.get_dispatch_layout(
                 topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
                 num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
-                is_token_in_rank.data_ptr(), stream)
+                is_token_in_rank.data_ptr(), stream, *streams[2:])
             if not async_finish and not torch.cuda.is_current_stream_capturing():
                 self._native.synchronize(stream, op)
         except BaseException:
-            self._abort_op(compute, allocate_on_comm_stream)
+            self._abort_op(streams, allocate_on_comm_stream)
             raise
-        event = self._exit_op(compute, async_finish, allocate_on_comm_stream, (topk_idx, counts, is_token_in_rank))
+        event = self._exit_op(streams, async_finish, allocate_on_comm_stream, (topk_idx, counts, is_token_in_rank))
         return num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, event
 
     def _config(self, op: str, config, default) -> "_C.Config":
@@ -348,7 +350,8 @@ class Buffer:
         else:
             num_scales = stride_token = stride_group = 0
 
-        compute = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        streams = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        wait_for, join_to = streams[2], streams[3]
         try:
             dev = self._device
             native = self._native
@@ -359,16 +362,17 @@ class Buffer:
             # counts, so the host wait comes after the counts launch.
             defer = not cached and not num_worst_tokens
             if not cached:
-                rank_prefix_matrix = torch.empty((R, R), dtype=torch.int32, device=dev)
+                rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
                 native.dispatch_counts(
                     in_rank_ptr, num_tokens, num_tokens_per_expert.data_ptr(), num_experts, topk_idx_ptr, num_topk,
-                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), defer, stream)
+                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), defer, stream,
+                    wait_for)
                 if num_worst_tokens:
                     num_recv, per_expert = num_worst_tokens, []
             else:
                 # The counts are known: the notify step only refreshes the channel starts.
                 native.dispatch_counts(in_rank_ptr, num_tokens, 0, 0, 0, 0, 1, num_recv, config,
-                                       rank_prefix_matrix.data_ptr(), False, stream)
+                                       rank_prefix_matrix.data_ptr(), False, stream, wait_for)
                 per_expert = None
             rank_prefix_ptr = rank_prefix_matrix.data_ptr()
             # The data step is launched before the wait where it can be, so the
@@ -384,13 +388,14 @@ class Buffer:
             elif defer:
                 num_recv, per_expert = native.wait_dispatch_counts()
 
+            # Sizes as separate ints: torch parses them ~1 us faster than a tuple.
             def allocate():
-                recv_x = torch.empty((num_recv, hidden), dtype=data.dtype, device=dev)
-                recv_scales = torch.empty((num_recv, num_scales), dtype=scales.dtype, device=dev) \
+                recv_x = torch.empty(num_recv, hidden, dtype=data.dtype, device=dev)
+                recv_scales = torch.empty(num_recv, num_scales, dtype=scales.dtype, device=dev) \
                     if scales is not None else None
-                recv_topk_idx = torch.empty((num_recv, num_topk), dtype=_TOPK_IDX_DTYPE, device=dev) \
+                recv_topk_idx = torch.empty(num_recv, num_topk, dtype=_TOPK_IDX_DTYPE, device=dev) \
                     if num_topk else None
-                recv_topk_weights = torch.empty((num_recv, num_topk), dtype=torch.float32, device=dev) \
+                recv_topk_weights = torch.empty(num_recv, num_topk, dtype=torch.float32, device=dev) \
                     if num_topk else None
                 source_info = None if cached else torch.empty(R + num_recv, dtype=torch.int32, device=dev)
                 return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_info
@@ -406,7 +411,7 @@ class Buffer:
                 scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
                 topk_idx_ptr, topk_weights.data_ptr() if num_topk else 0, num_topk, num_experts, in_rank_ptr,
                 rank_prefix_ptr, num_recv, 0 if cached else num_worst_tokens, config, later, *pointers(outputs),
-                stream)
+                stream, join_to)
             if later:
                 num_recv, per_expert = native.wait_dispatch_counts()
                 outputs = allocate()
@@ -415,9 +420,9 @@ class Buffer:
         except BaseException:
             # A receive side still waiting for its outputs drains its rings instead.
             self._native.drop_dispatch_outputs()
-            self._abort_op(compute, allocate_on_comm_stream)
+            self._abort_op(streams, allocate_on_comm_stream)
             raise
-        event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
+        event = self._exit_op(streams, async_finish, allocate_on_comm_stream,
                               (data, scales, topk_idx, topk_weights, is_token_in_rank, rank_prefix_matrix, recv_x,
                                recv_scales, recv_topk_idx, recv_topk_weights, source_info))
         out_x = (recv_x, recv_scales) if scales is not None else recv_x
@@ -461,21 +466,21 @@ class Buffer:
         bias0 = biases[0].data_ptr() if biases else 0
         bias1 = biases[1].data_ptr() if len(biases) > 1 else 0
 
-        compute = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
+        streams = self._enter_op(op, previous_event, async_finish, allocate_on_comm_stream)
         try:
-            combined_x = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=self._device)
-            combined_w = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=self._device) \
+            combined_x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=self._device)
+            combined_w = torch.empty(num_tokens, num_topk, dtype=torch.float32, device=self._device) \
                 if num_topk else None
             source_ptr = source_info.data_ptr()
             self._native.combine(
                 x.data_ptr(), num_rows, hidden, topk_weights.data_ptr() if num_topk else 0, num_topk, bias0, bias1,
                 rank_prefix_matrix.data_ptr(), source_ptr, source_ptr + 4 * self.group_size,
                 is_token_in_rank.data_ptr(), num_tokens, config, combined_x.data_ptr(),
-                combined_w.data_ptr() if num_topk else 0, self._comm_raw)
+                combined_w.data_ptr() if num_topk else 0, self._comm_raw, *streams[2:])
         except BaseException:
-            self._abort_op(compute, allocate_on_comm_stream)
+            self._abort_op(streams, allocate_on_comm_stream)
             raise
-        event = self._exit_op(compute, async_finish, allocate_on_comm_stream,
+        event = self._exit_op(streams, async_finish, allocate_on_comm_stream,
                               (x, topk_weights, *biases, rank_prefix_matrix, source_info, is_token_in_rank,
                                combined_x, combined_w))
         return combined_x, combined_w, event

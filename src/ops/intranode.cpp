@@ -20,8 +20,14 @@ constexpr double kHostGraceS = 2.0;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void require(bool ok, const char* op, const std::string& what) {
+void require(bool ok, const char* op, const char* what) {
   if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+// Checks run on every call: a message with values is built only when one fails.
+template <class Message>
+void require(bool ok, const char* op, Message&& what) {
+  if (!ok) throw InvalidArgument(std::string(op) + ": " + what());
 }
 
 // Rows move as 16-byte words. Null (no rows) passes.
@@ -29,14 +35,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // The channel layout of a config: checks shared by dispatch and combine.
 void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens, int device_sms) {
-  require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op,
-          "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms));
+  require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op, [&] {
+    return "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms);
+  });
   // Every block must be resident at once: senders and receivers wait on each other.
   require(num_sms <= device_sms, op,
-          "config.num_sms must be <= the " + str(device_sms) + " SMs of this GPU, got " + str(num_sms));
-  require(send_tokens >= 1 && send_tokens <= recv_tokens, op,
-          "config needs 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
-              str(send_tokens) + " and " + str(recv_tokens));
+          [&] { return "config.num_sms must be <= the " + str(device_sms) + " SMs of this GPU, got " + str(num_sms); });
+  require(send_tokens >= 1 && send_tokens <= recv_tokens, op, [&] {
+    return "config needs 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
+           str(send_tokens) + " and " + str(recv_tokens);
+  });
 }
 
 void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t num_nvl_bytes) {
@@ -76,28 +84,32 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
   const char* op = "dispatch";
   begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
+  require(a.num_tokens >= 0, op, [&] { return "num_tokens must be >= 0, got " + str(a.num_tokens); });
   require(a.num_tokens == 0 || a.is_token_in_rank, op, "is_token_in_rank must be given");
-  require(a.expert_alignment >= 1, op, "expert_alignment must be >= 1, got " + str(a.expert_alignment));
-  require(a.num_worst_tokens >= 0, op, "num_worst_tokens must be >= 0, got " + str(a.num_worst_tokens));
+  require(a.expert_alignment >= 1, op, [&] { return "expert_alignment must be >= 1, got " + str(a.expert_alignment); });
+  require(a.num_worst_tokens >= 0, op, [&] { return "num_worst_tokens must be >= 0, got " + str(a.num_worst_tokens); });
   require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
   require(a.num_topk >= 0 && a.num_topk <= kMaxTopk && (a.num_topk == 0 || a.num_tokens == 0 || a.topk_idx), op,
-          "num_topk must be in [0, " + str(kMaxTopk) + "] with topk_idx given, got " + str(a.num_topk));
+          [&] { return "num_topk must be in [0, " + str(kMaxTopk) + "] with topk_idx given, got " + str(a.num_topk); });
   if (a.num_tokens_per_expert || a.num_topk > 0) {
-    require(a.num_experts > 0 && a.num_experts % R == 0, op,
-            "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts));
-    require(a.num_experts / R <= kernels::kMaxMailboxExperts, op,
-            "at most " + str(kernels::kMaxMailboxExperts) + " experts per rank, got " + str(a.num_experts / R));
+    require(a.num_experts > 0 && a.num_experts % R == 0, op, [&] {
+      return "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts);
+    });
+    require(a.num_experts / R <= kernels::kMaxMailboxExperts, op, [&] {
+      return "at most " + str(kernels::kMaxMailboxExperts) + " experts per rank, got " + str(a.num_experts / R);
+    });
   }
   // Only the counts area is used here; the data step checks the rings.
   const int experts = a.num_tokens_per_expert ? a.num_experts : 0;
   const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, 16);
-  require(region.rings <= kernels::kIntranodeMetaBytes, op,
-          "the counts of " + str(experts) + " experts over " + str(a.num_sms / 2) + " channels exceed " +
-              str(kernels::kIntranodeMetaBytes) + " bytes");
-  require(static_cast<size_t>(region.rings) <= options_.num_nvl_bytes, op,
-          "num_nvl_bytes is too small for this call: it needs at least " + str(region.rings) + " bytes, the buffer has " +
-              str(static_cast<int64_t>(options_.num_nvl_bytes)));
+  require(region.rings <= kernels::kIntranodeMetaBytes, op, [&] {
+    return "the counts of " + str(experts) + " experts over " + str(a.num_sms / 2) + " channels exceed " +
+           str(kernels::kIntranodeMetaBytes) + " bytes";
+  });
+  require(static_cast<size_t>(region.rings) <= options_.num_nvl_bytes, op, [&] {
+    return "num_nvl_bytes is too small for this call: it needs at least " + str(region.rings) +
+           " bytes, the buffer has " + str(static_cast<int64_t>(options_.num_nvl_bytes));
+  });
 
   const bool wait = a.num_worst_tokens == 0 && a.num_tokens_per_expert != nullptr;
   auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(recv_counts_device_) : nullptr;
@@ -186,19 +198,20 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
   begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  require(a.num_tokens >= 0, op, "num_tokens must be >= 0, got " + str(a.num_tokens));
+  require(a.num_tokens >= 0, op, [&] { return "num_tokens must be >= 0, got " + str(a.num_tokens); });
   require(a.row_bytes > 0 && a.row_bytes % 16 == 0, op,
-          "the row of x must be a positive multiple of 16 bytes, got " + str(a.row_bytes));
+          [&] { return "the row of x must be a positive multiple of 16 bytes, got " + str(a.row_bytes); });
   // Empty tensors may have null pointers: only rows that exist need one.
   require(a.num_scales >= 0 && (a.num_scales == 0 || a.num_tokens == 0 || a.x_scales), op,
           "x_scales must be given with num_scales > 0");
   require(a.num_topk >= 0 && a.num_topk <= kMaxTopk, op,
-          "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk));
+          [&] { return "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk); });
   if (a.num_topk > 0) {
     require(a.num_tokens == 0 || (a.topk_idx && a.topk_weights), op,
             "topk_idx and topk_weights must be given together");
-    require(a.num_experts > 0 && a.num_experts % R == 0, op,
-            "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts));
+    require(a.num_experts > 0 && a.num_experts % R == 0, op, [&] {
+      return "num_experts must be a positive multiple of the group size " + str(R) + ", got " + str(a.num_experts);
+    });
   }
   require(a.num_tokens == 0 || (a.x && a.is_token_in_rank), op, "x and is_token_in_rank must be given");
   require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
@@ -244,10 +257,11 @@ void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   const char* op = "combine";
   begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
-  require(a.hidden > 0 && a.hidden % 8 == 0, op, "hidden must be a positive multiple of 8, got " + str(a.hidden));
+  require(a.hidden > 0 && a.hidden % 8 == 0, op,
+          [&] { return "hidden must be a positive multiple of 8, got " + str(a.hidden); });
   require(a.num_rows >= 0 && a.num_tokens >= 0, op, "num_rows and num_tokens must be >= 0");
   require(a.num_topk >= 0 && a.num_topk <= kMaxTopk, op,
-          "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk));
+          [&] { return "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(a.num_topk); });
   require(a.num_topk == 0 || ((a.num_rows == 0 || a.topk_weights) && (a.num_tokens == 0 || a.combined_topk_weights)),
           op, "topk_weights and combined_topk_weights must be given together");
   require(a.rank_prefix_matrix && a.source_num_tokens, op, "the handle's rank_prefix_matrix and counts must be given");

@@ -9,8 +9,14 @@
 namespace turnout {
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw InvalidArgument("get_dispatch_layout: " + what);
+void require(bool ok, const char* what) {
+  if (!ok) throw InvalidArgument(std::string("get_dispatch_layout: ") + what);
+}
+
+// Runs on every call: a message with values is built only when the check fails.
+template <class Message>
+void require(bool ok, Message&& what) {
+  if (!ok) throw InvalidArgument("get_dispatch_layout: " + what());
 }
 
 }  // namespace
@@ -18,12 +24,14 @@ void require(bool ok, const std::string& what) {
 void get_dispatch_layout(const LayoutArgs& a, const Topology& topology, DeviceErrorSlot errors, void* workspace,
                          cudaStream_t stream) {
   const int num_ranks = topology.num_ranks;
-  require(a.num_tokens >= 0, "num_tokens must be >= 0, got " + std::to_string(a.num_tokens));
-  require(a.num_topk >= 1 && a.num_topk <= kMaxTopk,
-          "num_topk must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(a.num_topk));
-  require(a.num_experts > 0 && a.num_experts % num_ranks == 0,
-          "num_experts must be a positive multiple of the number of ranks (" + std::to_string(num_ranks) +
-              "), got " + std::to_string(a.num_experts));
+  require(a.num_tokens >= 0, [&] { return "num_tokens must be >= 0, got " + std::to_string(a.num_tokens); });
+  require(a.num_topk >= 1 && a.num_topk <= kMaxTopk, [&] {
+    return "num_topk must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(a.num_topk);
+  });
+  require(a.num_experts > 0 && a.num_experts % num_ranks == 0, [&] {
+    return "num_experts must be a positive multiple of the number of ranks (" + std::to_string(num_ranks) +
+           "), got " + std::to_string(a.num_experts);
+  });
   require(a.num_tokens == 0 || (a.topk_idx && a.is_token_in_rank), "topk_idx and is_token_in_rank must be non-null");
   require(a.num_tokens_per_rank && a.num_tokens_per_expert,
           "num_tokens_per_rank and num_tokens_per_expert must be non-null");
