@@ -68,6 +68,12 @@ def test_stream_options_and_cached_dispatch(ctx):
             # Fewer SMs than the default, and a config of its own.
             run_case(ctx, buf, case, n, f"n={n} 4 SMs", config=turnout.Config(4, 4, 64))
             inputs, refs, out = run_case(ctx, buf, case, n, f"n={n} plain")
+            # The caller on a stream of its own: the joins name it (the default stream's handle is 0).
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run_case(ctx, buf, case, n, f"n={n} side stream")
+            torch.cuda.current_stream().wait_stream(side)
 
             # Cached: same routing, new x, from the handle.
             new_x = [torch.randn(case.tokens, case.hidden, generator=torch.Generator().manual_seed(100 + r)).bfloat16()
