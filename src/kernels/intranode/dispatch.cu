@@ -3,7 +3,8 @@
 // destination, into a ring in the destination's buffer; the receive block
 // drains the rings written to this rank into the output rows. Flow control is
 // a tail (written by the sender after each round of tokens) and a head
-// (written back by the receiver), both monotonic within one call.
+// (written back by the receiver), both monotonic within one call. A rank's
+// own tokens skip the ring: its receive block copies them from the input.
 #include <cuda_runtime.h>
 
 #include "kernels/device/bounded_wait.cuh"
@@ -21,11 +22,61 @@ constexpr int kWarps = kThreads / 32;
 
 __device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); }
 
+// A token's small parts as one lane holds them: top-k slot `lane` (the expert's
+// id on the receiving rank, or -1 and weight 0 for another rank's expert) and
+// scale groups lane and lane + 32.
+struct TokenParts {
+  int32_t expert = -1;
+  float weight = 0.0f;
+  int32_t scale[2] = {};
+};
+
+__device__ __forceinline__ int32_t input_scale(const DispatchArgs& a, int t, int group) {
+  return static_cast<const int32_t*>(a.x_scales)[t * a.scale_stride_token + group * a.scale_stride_group];
+}
+
+__device__ __forceinline__ TokenParts load_token_parts(const DispatchArgs& a, int t, int first_expert,
+                                                       int num_experts, int lane) {
+  TokenParts parts;
+  if (lane < a.num_topk) {
+    const int64_t k = static_cast<int64_t>(t) * a.num_topk + lane;
+    const int64_t e = a.topk_idx[k];
+    const float w = a.topk_weights[k];
+    const bool mine = e >= first_expert && e < first_expert + num_experts;
+    parts.expert = mine ? static_cast<int32_t>(e - first_expert) : -1;
+    parts.weight = mine ? w : 0.0f;
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+    if (lane + 32 * m < a.num_scales) parts.scale[m] = input_scale(a, t, lane + 32 * m);
+  return parts;
+}
+
+// Output row `row`'s small parts (scale groups past 64 are the caller's).
+__device__ __forceinline__ void store_token_parts(const DispatchOutputs& o, const DispatchArgs& a, int64_t row,
+                                                  const TokenParts& parts, int32_t src_idx, int lane) {
+  auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+    if (lane + 32 * m < a.num_scales) out_scales[lane + 32 * m] = parts.scale[m];
+  if (lane < a.num_topk) {
+    o.recv_topk_idx[row * a.num_topk + lane] = parts.expert;
+    o.recv_topk_weights[row * a.num_topk + lane] = parts.weight;
+  }
+  if (lane == 0 && o.recv_src_idx != nullptr) o.recv_src_idx[row] = src_idx;
+}
+
+// The config's send hint counts tokens of BF16 size: an FP8 row is half the
+// bytes, so a round holds twice as many (fewer tail updates per byte).
+__device__ __forceinline__ int round_hint(const DispatchArgs& a, const IntranodeRegion& region) {
+  return a.num_scales > 0 ? min(2 * a.num_max_send_tokens, region.ring_slots) : a.num_max_send_tokens;
+}
+
 __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
-  const auto [group_warps, dst, g] = warp_group(kWarps, R);
+  const auto [group_warps, dst, g] = remote_warp_group(kWarps, R, me);
   if (dst >= R) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
@@ -33,9 +84,8 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   char* peer = bytes(p.peers.buffers[dst]);
   RingSender out(peer + region.ring(channel, me), reinterpret_cast<int32_t*>(peer + region.tail(channel, me)),
                  reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[me]) + region.head(channel, dst)),
-                 region.slot_bytes, region.ring_slots, a.num_max_send_tokens, group_warps, g, 1 + dst,
+                 region.slot_bytes, region.ring_slots, round_hint(a, region), group_warps, g, 1 + dst,
                  p.ctx.first_nvl_rank + dst, WaitSite::kDispatchData);
-  const int first_expert = dst * p.experts_per_rank;
   const int n16 = a.row_bytes / 16;
   const DispatchSlot& s = p.slot;
 
@@ -54,33 +104,17 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
         char* slot = out.slot(n);
         // The small loads first, so they overlap the row copy instead of
         // adding their round trips after it.
-        const int64_t tk = static_cast<int64_t>(t) * a.num_topk;
-        int32_t local = -1;
-        float weight = 0.0f;
-        if (lane < a.num_topk) {
-          const int64_t e = a.topk_idx[tk + lane];
-          const float w = a.topk_weights[tk + lane];
-          const bool mine = e >= first_expert && e < first_expert + p.experts_per_rank;
-          local = mine ? static_cast<int32_t>(e - first_expert) : -1;
-          weight = mine ? w : 0.0f;
-        }
-        const auto* scales = static_cast<const int32_t*>(a.x_scales);
-        int32_t scale[2] = {};
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-          if (lane + 32 * m < a.num_scales)
-            scale[m] = scales[t * a.scale_stride_token + (lane + 32 * m) * a.scale_stride_group];
+        const TokenParts parts = load_token_parts(a, t, dst * p.experts_per_rank, p.experts_per_rank, lane);
         device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16,
                                     lane);
         auto* slot_scales = reinterpret_cast<int32_t*>(slot + s.scales);
 #pragma unroll
         for (int m = 0; m < 2; ++m)
-          if (lane + 32 * m < a.num_scales) slot_scales[lane + 32 * m] = scale[m];
-        for (int i = lane + 64; i < a.num_scales; i += 32)
-          slot_scales[i] = scales[t * a.scale_stride_token + i * a.scale_stride_group];
+          if (lane + 32 * m < a.num_scales) slot_scales[lane + 32 * m] = parts.scale[m];
+        for (int i = lane + 64; i < a.num_scales; i += 32) slot_scales[i] = input_scale(a, t, i);
         if (lane < a.num_topk) {
-          reinterpret_cast<int32_t*>(slot + s.topk)[lane] = local;
-          reinterpret_cast<float*>(slot + s.weights)[lane] = weight;
+          reinterpret_cast<int32_t*>(slot + s.topk)[lane] = parts.expert;
+          reinterpret_cast<float*>(slot + s.weights)[lane] = parts.weight;
         }
         if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
       }
@@ -138,6 +172,34 @@ __device__ bool resolve_outputs(const DispatchParams& p, DispatchOutputs& out) {
   return s_ok;
 }
 
+// This rank's tokens for itself, in the order its ring would have held them:
+// straight from the input into output rows row0, row0 + 1, ...
+__device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& o, int channel, int64_t row0,
+                                int group_warps, int g) {
+  const DispatchArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int lane = threadIdx.x % 32;
+  const int C = p.region.num_channels;
+  const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
+  const int n16 = a.row_bytes / 16;
+  int n = 0;
+  for (int base = t0; base < t1; base += 32) {
+    const int t_lane = base + lane;
+    uint32_t mask = __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + me]);
+    for (; mask; mask &= mask - 1, ++n) {
+      if (n % group_warps != g) continue;
+      const int t = base + __ffs(mask) - 1;
+      const int64_t row = row0 + n;
+      const TokenParts parts = load_token_parts(a, t, me * p.experts_per_rank, p.experts_per_rank, lane);
+      device::warp_copy_16<false>(static_cast<char*>(o.recv_x) + row * a.row_bytes,
+                                  static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16, lane);
+      store_token_parts(o, a, row, parts, t, lane);
+      auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
+      for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = input_scale(a, t, i);
+    }
+  }
+}
+
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
@@ -156,6 +218,10 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const int32_t* starts = reinterpret_cast<const int32_t*>(self + region.channel_start) + src * (C + 1);
   const int begin = starts[channel], count = starts[channel + 1] - begin;
   const int64_t row0 = (src > 0 ? a.rank_prefix_matrix[(src - 1) * R + me] : 0) + begin;
+  if (src == me) {
+    if (o.recv_x != nullptr) copy_own_tokens(p, o, channel, row0, group_warps, g);
+    return;
+  }
   const char* ring = self + region.ring(channel, src);
   const int32_t* tail = reinterpret_cast<const int32_t*>(self + region.tail(channel, src));
   int32_t* head = reinterpret_cast<int32_t*>(bytes(p.peers.buffers[src]) + region.head(channel, me));
@@ -180,26 +246,19 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
       const int64_t row = row0 + n;
       // Small loads first (from L2: another GPU wrote them), then the row.
       const auto* meta = reinterpret_cast<const int32_t*>(slot);
-      int32_t scale[2] = {}, topk = 0, weight = 0, src_idx = 0;
+      TokenParts parts;
 #pragma unroll
       for (int m = 0; m < 2; ++m)
-        if (lane + 32 * m < a.num_scales) scale[m] = __ldcg(meta + s.scales / 4 + lane + 32 * m);
+        if (lane + 32 * m < a.num_scales) parts.scale[m] = __ldcg(meta + s.scales / 4 + lane + 32 * m);
       if (lane < a.num_topk) {
-        topk = __ldcg(meta + s.topk / 4 + lane);
-        weight = __ldcg(meta + s.weights / 4 + lane);
+        parts.expert = __ldcg(meta + s.topk / 4 + lane);
+        parts.weight = __int_as_float(__ldcg(meta + s.weights / 4 + lane));
       }
-      if (lane == 0) src_idx = __ldcg(meta + s.src / 4);
+      const int32_t src_idx = lane == 0 ? __ldcg(meta + s.src / 4) : 0;
       device::warp_copy_16<true>(static_cast<char*>(o.recv_x) + row * a.row_bytes, slot, n16, lane);
+      store_token_parts(o, a, row, parts, src_idx, lane);
       auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-        if (lane + 32 * m < a.num_scales) out_scales[lane + 32 * m] = scale[m];
       for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = __ldcg(meta + s.scales / 4 + i);
-      if (lane < a.num_topk) {
-        o.recv_topk_idx[row * a.num_topk + lane] = topk;
-        o.recv_topk_weights[row * a.num_topk + lane] = __int_as_float(weight);
-      }
-      if (lane == 0 && o.recv_src_idx != nullptr) o.recv_src_idx[row] = src_idx;
     }
     // Every warp has read its slots: hand them back to the sender.
     device::named_barrier(1 + src, group_warps * 32);
