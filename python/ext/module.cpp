@@ -278,4 +278,3 @@ NB_MODULE(_C, m) {
   nb::module_ ref = m.def_submodule("reference", "Host reference of every op (the test oracle)");
   turnout::bindings::bind_reference(ref);
 }
-
