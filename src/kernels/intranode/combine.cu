@@ -17,7 +17,7 @@
 namespace turnout::kernels {
 namespace {
 
-// Fewer threads than dispatch: each reducing lane keeps 2 x ranks words in
+// Fewer threads than dispatch: each reducing lane keeps 2 x kRows words in
 // flight, which needs the registers.
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -81,7 +81,9 @@ __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
 }
 
 // Worker warp w reduces the channel's tokens t0 + w, t0 + w + kWorkers, ...;
-// s_next[w] is the first of its tokens it has not finished.
+// s_next[w] is the first of its tokens it has not finished. kRows >= ranks:
+// a compile-time bound on a token's rows, so that they stay in registers.
+template <int kRows>
 __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int* s_next) {
   const CombineArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
@@ -95,13 +97,13 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
   // Lane j < R watches ring (channel, j).
   const int32_t* my_tail = lane < R ? reinterpret_cast<const int32_t*>(self + region.tail(channel, lane)) : nullptr;
   int known_tail = 0;
-  int seen[kMaxNvlRanks] = {};  // tokens of earlier windows that went to each rank
+  int seen[kRows] = {};  // tokens of earlier windows that went to each rank
   bool ok = true;
   for (int base = t0; base < t1 && ok; base += 32) {
     const int t_lane = base + lane;
-    uint32_t masks[kMaxNvlRanks];
+    uint32_t masks[kRows];
 #pragma unroll
-    for (int j = 0; j < kMaxNvlRanks; ++j)
+    for (int j = 0; j < kRows; ++j)
       masks[j] = j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
     const int first = ((warp - (base - t0)) % kWorkers + kWorkers) % kWorkers;
     for (int i = first; i < 32 && base + i < t1; i += kWorkers) {
@@ -110,7 +112,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       // Lane j waits until rank j's row for this token has landed.
       int my_slot = -1;
 #pragma unroll
-      for (int j = 0; j < kMaxNvlRanks; ++j)
+      for (int j = 0; j < kRows; ++j)
         if (j == lane && ((masks[j] >> i) & 1)) my_slot = seen[j] + __popc(masks[j] & below);
       bool lane_ok = true;
       if (my_slot >= 0 && known_tail <= my_slot)
@@ -123,9 +125,9 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       // The ranks' rows in rank order (a fixed order: the sum is deterministic).
       // Indexed by rank (constant indices keep them in registers); null: the
       // token did not go there.
-      const char* rows[kMaxNvlRanks];
+      const char* rows[kRows];
 #pragma unroll
-      for (int j = 0; j < kMaxNvlRanks; ++j) {
+      for (int j = 0; j < kRows; ++j) {
         const int slot = __shfl_sync(~0u, my_slot, j);
         rows[j] = j < R && slot >= 0
                       ? self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes
@@ -135,11 +137,11 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       constexpr int kUnroll = 2;
       for (int v0 = lane; v0 < n16; v0 += 32 * kUnroll) {
         // Every word of every row is in flight before the first add.
-        int4 words[kUnroll][kMaxNvlRanks];
+        int4 words[kUnroll][kRows];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-          for (int r = 0; r < kMaxNvlRanks; ++r)
+          for (int r = 0; r < kRows; ++r)
             if (rows[r] && v0 + 32 * u < n16) words[u][r] = device::load_shared_16(rows[r] + (v0 + 32 * u) * 16);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -147,7 +149,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
           if (v >= n16) break;
           float acc[8] = {};
 #pragma unroll
-          for (int r = 0; r < kMaxNvlRanks; ++r)
+          for (int r = 0; r < kRows; ++r)
             if (rows[r]) add_bf16x8(acc, words[u][r]);
           if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
           if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
@@ -161,7 +163,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       if (a.combined_topk_weights && lane < a.num_topk) {
         float w = 0.0f;
 #pragma unroll
-        for (int r = 0; r < kMaxNvlRanks; ++r)
+        for (int r = 0; r < kRows; ++r)
           if (rows[r]) w += __int_as_float(device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
         a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
       }
@@ -169,7 +171,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       if (lane == 0) s_next[warp] = t + kWorkers;
     }
 #pragma unroll
-    for (int j = 0; j < kMaxNvlRanks; ++j) seen[j] += __popc(masks[j]);
+    for (int j = 0; j < kRows; ++j) seen[j] += __popc(masks[j]);
   }
   if (lane == 0) s_next[warp] = t1;
 }
@@ -209,6 +211,7 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   }
 }
 
+template <int kRows>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   if (device::error_recorded(p.ctx.errors)) return;
   const int channel = blockIdx.x / 2;
@@ -221,14 +224,19 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const int t0 = channel_begin(p.args.num_tokens, channel, p.region.num_channels);
   if (threadIdx.x < kWorkers) s_next[threadIdx.x] = t0 + threadIdx.x;
   __syncthreads();
-  if (warp < kWorkers) reduce_tokens(p, channel, s_next);
+  if (warp < kWorkers) reduce_tokens<kRows>(p, channel, s_next);
   else return_slots(p, channel, s_next);
 }
 
 }  // namespace
 
 void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
-  combine_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+  const int blocks = p.region.num_channels * 2, R = p.peers.num_ranks;
+  // The ranks rounded up to 2, 4 or 8 rows: the last covers every group size.
+  static_assert(kMaxNvlRanks == 8);
+  if (R <= 2) combine_kernel<2><<<blocks, kThreads, 0, stream>>>(p);
+  else if (R <= 4) combine_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
+  else combine_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
