@@ -18,6 +18,14 @@ __shared__ int s_bad;
 __shared__ int64_t s_bad_index;
 __shared__ int64_t s_bad_value;
 
+// Keeps the first bad expert id seen (valid: -1, or in [0, num_experts)).
+__device__ __forceinline__ void check_expert(int64_t e, int64_t index, int num_experts) {
+  if ((e < -1 || e >= num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
+    s_bad_index = index;
+    s_bad_value = e;
+  }
+}
+
 __device__ __forceinline__ int32_t* at(void* base, int64_t offset) {
   return reinterpret_cast<int32_t*>(static_cast<char*>(base) + offset);
 }
@@ -38,24 +46,33 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     __syncthreads();
     // Tokens we send each rank, per channel. A warp takes 32 consecutive
     // tokens, which nearly always share a channel: then one shared atomic per
-    // rank counts them all.
-    for (int base = warp * 32; base < a.num_tokens; base += kThreads) {
-      const int t = base + lane;
-      const bool valid = t < a.num_tokens;
-      bool in[kMaxNvlRanks];
+    // rank counts them all. The flags of kTokenPasses such spans are loaded
+    // before any is counted, so their reads share one round trip.
+    constexpr int kTokenPasses = 2;
+    for (int base = warp * 32; base < a.num_tokens; base += kThreads * kTokenPasses) {
+      bool in[kTokenPasses][kMaxNvlRanks];
 #pragma unroll
-      for (int j = 0; j < kMaxNvlRanks; ++j)
-        in[j] = valid && j < R && a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
-      const int c = valid ? channel_of(t, a.num_tokens, C) : -1;
-      const int c0 = __shfl_sync(~0u, c, 0);
-      const bool one_channel = __all_sync(~0u, !valid || c == c0);
+      for (int u = 0; u < kTokenPasses; ++u) {
+        const int t = base + u * kThreads + lane;
 #pragma unroll
-      for (int j = 0; j < kMaxNvlRanks; ++j) {
-        if (one_channel) {
-          const int n = __popc(__ballot_sync(~0u, in[j]));
-          if (lane == 0 && n > 0) atomicAdd(&s_start[c0 + 1][j], n);
-        } else if (in[j]) {
-          atomicAdd(&s_start[c + 1][j], 1);
+        for (int j = 0; j < kMaxNvlRanks; ++j)
+          in[u][j] = t < a.num_tokens && j < R && a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
+      }
+#pragma unroll
+      for (int u = 0; u < kTokenPasses; ++u) {
+        const int t = base + u * kThreads + lane;
+        const bool valid = t < a.num_tokens;
+        const int c = valid ? channel_of(t, a.num_tokens, C) : -1;
+        const int c0 = __shfl_sync(~0u, c, 0);
+        const bool one_channel = __all_sync(~0u, !valid || c == c0);
+#pragma unroll
+        for (int j = 0; j < kMaxNvlRanks; ++j) {
+          if (one_channel) {
+            const int n = __popc(__ballot_sync(~0u, in[u][j]));
+            if (lane == 0 && n > 0) atomicAdd(&s_start[c0 + 1][j], n);
+          } else if (in[u][j]) {
+            atomicAdd(&s_start[c + 1][j], 1);
+          }
         }
       }
     }
@@ -63,21 +80,35 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     // silently and nothing lands in a peer's outputs. The first one found is
     // recorded only after the second barrier: a recorded error ends every
     // wait, and this rank must still meet its peers there.
-    constexpr int kIdsInFlight = 8;
+    // Read two ids per load where the tensor is 16-byte aligned (as torch
+    // allocates it), the rest one by one: the reads are most of this step's
+    // time before the barrier.
+    constexpr int kInFlight = 8;
     const int64_t num_ids = static_cast<int64_t>(a.num_tokens) * a.num_topk;
-    for (int64_t base = threadIdx.x; base < num_ids; base += kThreads * kIdsInFlight) {
-      int64_t e[kIdsInFlight];
+    const int64_t num_pairs = reinterpret_cast<uintptr_t>(a.topk_idx) % 16 == 0 ? num_ids / 2 : 0;
+    const auto* pairs = reinterpret_cast<const longlong2*>(a.topk_idx);
+    for (int64_t base = threadIdx.x; base < num_pairs; base += kThreads * kInFlight) {
+      longlong2 e[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kIdsInFlight; ++u) {
+      for (int u = 0; u < kInFlight; ++u) {
+        const int64_t i = base + u * kThreads;
+        e[u] = i < num_pairs ? pairs[i] : make_longlong2(-1, -1);
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        check_expert(e[u].x, 2 * (base + u * kThreads), a.num_experts);
+        check_expert(e[u].y, 2 * (base + u * kThreads) + 1, a.num_experts);
+      }
+    }
+    for (int64_t base = 2 * num_pairs + threadIdx.x; base < num_ids; base += kThreads * kInFlight) {
+      int64_t e[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
         const int64_t i = base + u * kThreads;
         e[u] = i < num_ids ? a.topk_idx[i] : -1;
       }
 #pragma unroll
-      for (int u = 0; u < kIdsInFlight; ++u)
-        if ((e[u] < -1 || e[u] >= a.num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
-          s_bad_index = base + u * kThreads;
-          s_bad_value = e[u];
-        }
+      for (int u = 0; u < kInFlight; ++u) check_expert(e[u], base + u * kThreads, a.num_experts);
     }
     __syncthreads();
     if (threadIdx.x < R) {
