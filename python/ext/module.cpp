@@ -36,6 +36,14 @@ void set_channels(Args& a, const turnout::Config& config) {
 
 cudaStream_t stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// A dispatch's outputs from the addresses Python passes (0: none).
+turnout::DispatchOutputs dispatch_outputs(uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
+                                          uintptr_t recv_topk_weights, uintptr_t recv_src_idx,
+                                          uintptr_t source_num_tokens) {
+  return {ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
+          ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx), ptr<int32_t>(source_num_tokens)};
+}
+
 // The stream joins around an op, folded into its first and last native call
 // (each call into the extension costs about a microsecond): the op's stream
 // waits for `wait_for` before the launch, `join_to` waits for the op's stream
@@ -190,9 +198,8 @@ void bind_buffer(nb::module_& m) {
       .def("set_dispatch_outputs",
            [](Buffer& b, uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
               uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens) {
-             b.set_dispatch_outputs({ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
-                                     ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx),
-                                     ptr<int32_t>(source_num_tokens)});
+             b.set_dispatch_outputs(dispatch_outputs(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
+                                                     recv_src_idx, source_num_tokens));
            })
       .def("drop_dispatch_outputs", &Buffer::drop_dispatch_outputs)
       .def("free_device_bytes", &Buffer::free_device_bytes)
@@ -221,8 +228,8 @@ void bind_buffer(nb::module_& m) {
              a.num_worst_tokens = num_worst_tokens;
              set_channels(a, config);
              a.outputs_later = outputs_later;
-             a.out = {ptr<void>(recv_x), ptr<void>(recv_x_scales), ptr<int64_t>(recv_topk_idx),
-                      ptr<float>(recv_topk_weights), ptr<int32_t>(recv_src_idx), ptr<int32_t>(source_num_tokens)};
+             a.out = dispatch_outputs(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx,
+                                     source_num_tokens);
              b.dispatch(a, stream(s));
              join_after(b, s, join_to);
            })

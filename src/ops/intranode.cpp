@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kernels/intranode/launch.hpp"
+#include "ops/require.hpp"
 #include "runtime/control_region.hpp"
 #include "turnout/buffer.hpp"
 #include "turnout/config.hpp"
@@ -20,15 +21,7 @@ constexpr double kHostGraceS = 2.0;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void require(bool ok, const char* op, const char* what) {
-  if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
-}
-
-// Checks run on every call: a message with values is built only when one fails.
-template <class Message>
-void require(bool ok, const char* op, Message&& what) {
-  if (!ok) throw InvalidArgument(std::string(op) + ": " + what());
-}
+using ops::require;
 
 // Rows move as 16-byte words. Null (no rows) passes.
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -49,11 +42,11 @@ void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens,
 
 void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t num_nvl_bytes) {
   if (static_cast<size_t>(region.total) > num_nvl_bytes)
-    throw InvalidArgument(std::string(op) + ": num_nvl_bytes is too small for this call: it needs " + str(region.total) +
-                          " bytes (" + str(region.num_channels) + " channels x " + str(region.num_ranks) + " ranks x " +
-                          str(region.ring_slots) + " slots of " + str(region.slot_bytes) +
-                          " bytes, plus counts), the buffer has " + str(static_cast<int64_t>(num_nvl_bytes)) +
-                          "; size it with Config.get_nvl_buffer_size_hint");
+    throw InvalidArgument(std::string(op) + ": num_nvl_bytes is too small for this call: it needs " +
+                          str(region.total) + " bytes (" + str(region.num_channels) + " channels x " +
+                          str(region.num_ranks) + " ranks x " + str(region.ring_slots) + " slots of " +
+                          str(region.slot_bytes) + " bytes, plus counts), the buffer has " +
+                          str(static_cast<int64_t>(num_nvl_bytes)) + "; size it with Config.get_nvl_buffer_size_hint");
 }
 
 kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_experts, int recv_tokens,
@@ -154,8 +147,9 @@ DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
     if (errors_.timed_out()) check_errors(op);
     const auto now = Clock::now();
     if (now > deadline)
-      throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) + ": the receive counts did not arrive within " +
-                         std::to_string(timeout_s_ + kHostGraceS) + " s");
+      throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) +
+                         ": the receive counts did not arrive within " + std::to_string(timeout_s_ + kHostGraceS) +
+                         " s");
     // A sleep costs the timer slack (~50 us) after the counts land, so the
     // first second only yields; a wait that long hides a sleep's cost.
     if (now - start < std::chrono::seconds(1))

@@ -72,6 +72,19 @@ __device__ __forceinline__ int round_hint(const DispatchArgs& a, const Intranode
   return a.num_scales > 0 ? min(2 * a.num_max_send_tokens, region.ring_slots) : a.num_max_send_tokens;
 }
 
+// Calls visit(t) for each token t in [t0, t1) that goes to rank `dst`, in
+// token order. Warp-wide: every lane gets every call.
+template <typename Visit>
+__device__ __forceinline__ void for_each_token_to(const DispatchArgs& a, int num_ranks, int dst, int t0, int t1,
+                                                  int lane, Visit visit) {
+  for (int base = t0; base < t1; base += 32) {
+    const int t_lane = base + lane;
+    uint32_t mask =
+        __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * num_ranks + dst]);
+    for (; mask; mask &= mask - 1) visit(base + __ffs(mask) - 1);
+  }
+}
+
 __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
@@ -92,35 +105,29 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   int sent = 0;
   // Every warp of the group walks the same tokens and reaches the same round
   // barriers; warp g copies the tokens whose position is g modulo the group.
-  for (int base = t0; base < t1; base += 32) {
-    const int t_lane = base + lane;
-    uint32_t mask = __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + dst]);
-    while (mask) {
-      const int t = base + __ffs(mask) - 1;
-      mask &= mask - 1;
-      const int n = sent++;
-      out.reserve(n, p.ctx, lane);
-      if (out.mine(n)) {
-        char* slot = out.slot(n);
-        // The small loads first, so they overlap the row copy instead of
-        // adding their round trips after it.
-        const TokenParts parts = load_token_parts(a, t, dst * p.experts_per_rank, p.experts_per_rank, lane);
-        device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16,
-                                    lane);
-        auto* slot_scales = reinterpret_cast<int32_t*>(slot + s.scales);
+  for_each_token_to(a, R, dst, t0, t1, lane, [&](int t) {
+    const int n = sent++;
+    out.reserve(n, p.ctx, lane);
+    if (out.mine(n)) {
+      char* slot = out.slot(n);
+      // The small loads first, so they overlap the row copy instead of
+      // adding their round trips after it.
+      const TokenParts parts = load_token_parts(a, t, dst * p.experts_per_rank, p.experts_per_rank, lane);
+      device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16,
+                                  lane);
+      auto* slot_scales = reinterpret_cast<int32_t*>(slot + s.scales);
 #pragma unroll
-        for (int m = 0; m < 2; ++m)
-          if (lane + 32 * m < a.num_scales) slot_scales[lane + 32 * m] = parts.scale[m];
-        for (int i = lane + 64; i < a.num_scales; i += 32) slot_scales[i] = input_scale(a, t, i);
-        if (lane < a.num_topk) {
-          reinterpret_cast<int32_t*>(slot + s.topk)[lane] = parts.expert;
-          reinterpret_cast<float*>(slot + s.weights)[lane] = parts.weight;
-        }
-        if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
+      for (int m = 0; m < 2; ++m)
+        if (lane + 32 * m < a.num_scales) slot_scales[lane + 32 * m] = parts.scale[m];
+      for (int i = lane + 64; i < a.num_scales; i += 32) slot_scales[i] = input_scale(a, t, i);
+      if (lane < a.num_topk) {
+        reinterpret_cast<int32_t*>(slot + s.topk)[lane] = parts.expert;
+        reinterpret_cast<float*>(slot + s.weights)[lane] = parts.weight;
       }
-      out.commit(n, lane);
+      if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
     }
-  }
+    out.commit(n, lane);
+  });
   out.finish(sent, lane);
 }
 
@@ -182,22 +189,17 @@ __device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& 
   const int C = p.region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
   const int n16 = a.row_bytes / 16;
-  int n = 0;
-  for (int base = t0; base < t1; base += 32) {
-    const int t_lane = base + lane;
-    uint32_t mask = __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + me]);
-    for (; mask; mask &= mask - 1, ++n) {
-      if (n % group_warps != g) continue;
-      const int t = base + __ffs(mask) - 1;
-      const int64_t row = row0 + n;
-      const TokenParts parts = load_token_parts(a, t, me * p.experts_per_rank, p.experts_per_rank, lane);
-      device::warp_copy_16<false>(static_cast<char*>(o.recv_x) + row * a.row_bytes,
-                                  static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16, lane);
-      store_token_parts(o, a, row, parts, t, lane);
-      auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
-      for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = input_scale(a, t, i);
-    }
-  }
+  int n = 0;  // own tokens visited so far
+  for_each_token_to(a, R, me, t0, t1, lane, [&](int t) {
+    if (n++ % group_warps != g) return;
+    const int64_t row = row0 + n - 1;
+    const TokenParts parts = load_token_parts(a, t, me * p.experts_per_rank, p.experts_per_rank, lane);
+    device::warp_copy_16<false>(static_cast<char*>(o.recv_x) + row * a.row_bytes,
+                                static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16, lane);
+    store_token_parts(o, a, row, parts, t, lane);
+    auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
+    for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = input_scale(a, t, i);
+  });
 }
 
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
