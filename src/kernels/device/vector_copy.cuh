@@ -33,7 +33,8 @@ __device__ __forceinline__ int copy_passes(int4* d, const int4* s, int i, int en
   for (; i + 32 * (kWords - 1) < end; i += 32 * kWords) {
     int4 v[kWords];
 #pragma unroll
-    for (int u = 0; u < kWords; ++u) v[u] = kSrcIsShared ? load_shared_16(s + i + 32 * u) : load_input_16(s + i + 32 * u);
+    for (int u = 0; u < kWords; ++u)
+      v[u] = kSrcIsShared ? load_shared_16(s + i + 32 * u) : load_input_16(s + i + 32 * u);
 #pragma unroll
     for (int u = 0; u < kWords; ++u) store_16(d + i + 32 * u, v[u]);
   }
