@@ -82,6 +82,9 @@ class Buffer {
   // Instead: the receive side drains its rings without writing, so the peers
   // finish. Does nothing if no dispatch waits for its outputs.
   void drop_dispatch_outputs();
+  // Seconds the last host wait for receive counts took, until they arrived:
+  // what a dispatch's host time is counted without.
+  double last_host_wait_s() const { return last_host_wait_s_; }
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
 
@@ -139,6 +142,7 @@ class Buffer {
   HostMemory recv_counts_;
   void* recv_counts_device_ = nullptr;
   int32_t recv_counts_sequence_ = 0;
+  double last_host_wait_s_ = 0;
   // The deferred dispatch in flight: the sequence of its counts (0: waited
   // for, or none), its experts per rank, and the sequence its receive side
   // waits for in the outputs mailbox (0: none waits).

@@ -132,6 +132,7 @@ void bind_buffer(nb::module_& m) {
       .def_prop_ro("device", &Buffer::device)
       .def_prop_ro("timeout_s", &Buffer::timeout_s)
       .def_prop_ro("destroyed", &Buffer::destroyed)
+      .def_prop_ro("last_host_wait_s", &Buffer::last_host_wait_s)
       .def_prop_ro("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); })
       .def("destroy", &Buffer::destroy, nb::call_guard<nb::gil_scoped_release>())
       .def(

@@ -158,6 +158,7 @@ DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   std::atomic_thread_fence(std::memory_order_acquire);
+  last_host_wait_s_ = std::chrono::duration<double>(Clock::now() - start).count();
   // A bad input on any rank (recorded before the counts were posted).
   check_errors(op);
   DispatchCounts out;

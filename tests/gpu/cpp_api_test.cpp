@@ -169,6 +169,9 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
   EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
          "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
+  // Every mode waited on the host, bounded by the timeout.
+  EXPECT(buffer.last_host_wait_s() > 0 && buffer.last_host_wait_s() < buffer.timeout_s(), "last_host_wait_s %g s",
+         buffer.last_host_wait_s());
 
   if (mode == Outputs::kDropped) {
     buffer.synchronize(stream, "dropped dispatch");

@@ -80,12 +80,13 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
 
 
 def host_times(buffer: Buffer, iters: int) -> List[Dict]:
-    """CPU time of one call that does not wait for the GPU: dispatch with
-    num_worst_tokens, and combine. Calls come in bursts of ``BURST`` after the
-    GPU drains and the ranks meet: "host us" is the median over the calls
-    after the first of a burst (the host runs ahead of the GPU, as in a
-    training step), "host us after sync" the median of the first calls,
-    which also pay the host's wake-up from the wait for the GPU."""
+    """CPU time of one call, without the host's wait for the receive counts:
+    dispatch with num_worst_tokens (no wait), dispatch without it (its wait,
+    as the native layer timed it, taken off), and combine. Calls come in
+    bursts of ``BURST`` after the GPU drains and the ranks meet: "host us" is
+    the median over the calls after the first of a burst (the host runs ahead
+    of the GPU, as in a training step), "host us after sync" the median of the
+    first calls, which also pay the host's wake-up from the wait for the GPU."""
     topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
     config = config_for(MAIN_SMS)
@@ -93,10 +94,13 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx, topk_weights=topk_weights, config=config)
     out = buffer.dispatch(x, **layout)
-    calls = {"dispatch bf16": lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout),
-             "combine bf16": lambda: buffer.combine(out[0], out[4], config=config)}
+    # (call, whether it waits for the counts on the host)
+    calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),
+             "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
+             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False)}
+    native = buffer._native
     rows = []
-    for op, fn in calls.items():
+    for op, (fn, waits) in calls.items():
         first, warm = [], []
         for _ in range(max(1, iters // BURST)):
             torch.cuda.synchronize()
@@ -104,7 +108,8 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
             for i in range(BURST):
                 start = time.perf_counter()
                 fn()
-                (warm if i else first).append((time.perf_counter() - start) * 1e6)
+                host_s = time.perf_counter() - start - (native.last_host_wait_s if waits else 0)
+                (warm if i else first).append(host_s * 1e6)
         torch.cuda.synchronize()
         rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": MAIN_TOKENS, "num_sms": MAIN_SMS,
                      "host_us": statistics.median(warm), "host_us_after_sync": statistics.median(first)})
