@@ -184,8 +184,8 @@ void check_copy(const char* op, const void* local, size_t bytes, size_t offset, 
   if (num_sms < 1 || num_sms > 1024)
     throw InvalidArgument(fn + ": num_sms must be in [1, 1024], got " + std::to_string(num_sms));
   if (offset + bytes * nvl_ranks > capacity)
-    throw InvalidArgument(fn + ": " + std::to_string(offset + bytes * nvl_ranks) + " bytes needed, the NVL buffer holds " +
-                          std::to_string(capacity));
+    throw InvalidArgument(fn + ": " + std::to_string(offset + bytes * nvl_ranks) +
+                          " bytes needed, the NVL buffer holds " + std::to_string(capacity));
 }
 
 }  // namespace
@@ -227,8 +227,8 @@ void Buffer::synchronize(cudaStream_t stream, const char* op) {
     if (errors_.timed_out()) check_errors(op);
     const auto now = Clock::now();
     if (now > deadline)
-      throw TimeoutError(std::string(op) + ": rank " + std::to_string(topology_.rank) + ": the GPU did not finish within " +
-                         std::to_string(timeout_s_ + kHostGraceS) + " s");
+      throw TimeoutError(std::string(op) + ": rank " + std::to_string(topology_.rank) +
+                         ": the GPU did not finish within " + std::to_string(timeout_s_ + kHostGraceS) + " s");
     // Spin briefly (most waits are microseconds), then stop burning a core.
     if (now - start > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

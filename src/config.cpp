@@ -37,8 +37,9 @@ Config::Config(int sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv
       num_max_nvl_chunked_recv_tokens(nvl_recv),
       num_max_rdma_chunked_send_tokens(rdma_send),
       num_max_rdma_chunked_recv_tokens(rdma_recv) {
-  require(sms >= 2 && sms % 2 == 0, "Config: num_sms must be even and >= 2 (one send and one receive SM per channel), got " +
-                                        std::to_string(sms));
+  require(sms >= 2 && sms % 2 == 0,
+          "Config: num_sms must be even and >= 2 (one send and one receive SM per channel), got " +
+              std::to_string(sms));
   require(nvl_send >= 1 && nvl_recv >= 1 && nvl_send <= nvl_recv,
           "Config: need 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
               std::to_string(nvl_send) + " and " + std::to_string(nvl_recv));
@@ -86,7 +87,8 @@ Config get_combine_config(int num_ranks, int num_sms) {
 size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks, int num_experts) {
   const std::string fn = "get_low_latency_rdma_size_hint: ";
   require(max_tokens >= 1, fn + "num_max_dispatch_tokens_per_rank must be >= 1, got " + std::to_string(max_tokens));
-  require(hidden >= 128 && hidden % 128 == 0, fn + "hidden must be a positive multiple of 128, got " + std::to_string(hidden));
+  require(hidden >= 128 && hidden % 128 == 0,
+          fn + "hidden must be a positive multiple of 128, got " + std::to_string(hidden));
   require_ranks(num_ranks, "get_low_latency_rdma_size_hint");
   require(num_experts > 0 && num_experts % num_ranks == 0,
           fn + "num_experts must be a positive multiple of num_ranks, got " + std::to_string(num_experts));

@@ -147,25 +147,31 @@ auto copy_out(const std::vector<T>& v, size_t rows, size_t cols) {
 }  // namespace
 
 void bind_reference(nb::module_& m) {
+  // Each property hands Python a new array or value of its own.
+  constexpr auto fresh = nb::rv_policy::automatic;
+  using D = const DispatchResult&;
   nb::class_<DispatchResult>(m, "NormalDispatchResult")
-      .def_prop_ro("num_recv", [](const DispatchResult& d) { return d.r.num_recv; }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_x", [](const DispatchResult& d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_x_scales",
-                   [](const DispatchResult& d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_topk_idx",
-                   [](const DispatchResult& d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_topk_weights",
-                   [](const DispatchResult& d) { return copy_out(d.r.recv_topk_weights, d.r.num_recv, d.num_topk); }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_src_idx",
-                   [](const DispatchResult& d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_idx), {size_t(d.r.num_recv)}); }, nb::rv_policy::automatic)
-      .def_prop_ro("recv_src_rank",
-                   [](const DispatchResult& d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_rank), {size_t(d.r.num_recv)}); }, nb::rv_policy::automatic)
-      .def_prop_ro("num_recv_tokens_per_expert",
-                   [](const DispatchResult& d) { return std::vector<int32_t>(d.r.num_recv_tokens_per_expert); }, nb::rv_policy::automatic)
-      .def_prop_ro("rank_prefix_matrix", [](const DispatchResult& d) {
-        const size_t r = static_cast<size_t>(std::lround(std::sqrt(double(d.r.rank_prefix_matrix.size()))));
-        return copy_out(d.r.rank_prefix_matrix, r, r);
-      }, nb::rv_policy::automatic);
+      .def_prop_ro("num_recv", [](D d) { return d.r.num_recv; }, fresh)
+      .def_prop_ro("recv_x", [](D d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, fresh)
+      .def_prop_ro("recv_x_scales", [](D d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, fresh)
+      .def_prop_ro("recv_topk_idx", [](D d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, fresh)
+      .def_prop_ro(
+          "recv_topk_weights", [](D d) { return copy_out(d.r.recv_topk_weights, d.r.num_recv, d.num_topk); }, fresh)
+      .def_prop_ro(
+          "recv_src_idx", [](D d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_idx), {size_t(d.r.num_recv)}); },
+          fresh)
+      .def_prop_ro(
+          "recv_src_rank",
+          [](D d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_rank), {size_t(d.r.num_recv)}); }, fresh)
+      .def_prop_ro(
+          "num_recv_tokens_per_expert", [](D d) { return std::vector<int32_t>(d.r.num_recv_tokens_per_expert); }, fresh)
+      .def_prop_ro(
+          "rank_prefix_matrix",
+          [](D d) {
+            const size_t r = static_cast<size_t>(std::lround(std::sqrt(double(d.r.rank_prefix_matrix.size()))));
+            return copy_out(d.r.rank_prefix_matrix, r, r);
+          },
+          fresh);
   m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a,
         "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a,
         "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");

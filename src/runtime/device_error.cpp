@@ -66,7 +66,8 @@ void DeviceErrorWord::check(const char* op, int first_nvl_rank) {
     }
     case DeviceErrorCode::kWorstTokensExceeded:
       clear();
-      throw InvalidArgument(std::string(op) + ": num_worst_tokens must be >= the number of tokens a rank receives: rank " +
+      throw InvalidArgument(std::string(op) +
+                            ": num_worst_tokens must be >= the number of tokens a rank receives: rank " +
                             std::to_string(rec.peer) + " passed num_worst_tokens=" + std::to_string(rec.detail) +
                             " but receives " + std::to_string(rec.value) + " tokens; nothing was dispatched");
     case DeviceErrorCode::kPeerInputError:

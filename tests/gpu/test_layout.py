@@ -35,7 +35,8 @@ def check_layout(out, topk_idx, num_ranks: int, num_experts: int, num_nvl_ranks:
     per_rank, per_rdma, per_expert, in_rank, _ = out
     ref_rank, ref_rdma, ref_expert, ref_in_rank = turnout._C.reference.get_dispatch_layout(
         topk_idx.cpu().numpy(), num_ranks, num_experts, num_nvl_ranks)
-    assert per_rank.dtype == per_expert.dtype == torch.int32, f"{what}: count dtypes {per_rank.dtype}, {per_expert.dtype}"
+    assert per_rank.dtype == per_expert.dtype == torch.int32, \
+        f"{what}: count dtypes {per_rank.dtype}, {per_expert.dtype}"
     assert in_rank.dtype == torch.bool, f"{what}: is_token_in_rank dtype {in_rank.dtype}"
     assert_equal(per_rank, ref_rank, f"{what}: num_tokens_per_rank")
     assert_equal(per_expert, ref_expert, f"{what}: num_tokens_per_expert")

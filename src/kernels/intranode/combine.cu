@@ -104,7 +104,8 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
     uint32_t masks[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j)
-      masks[j] = j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+      masks[j] =
+          j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
     const int first = ((warp - (base - t0)) % kWorkers + kWorkers) % kWorkers;
     for (int i = first; i < 32 && base + i < t1; i += kWorkers) {
       const int t = base + i;
@@ -164,7 +165,8 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
         float w = 0.0f;
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-          if (rows[r]) w += __int_as_float(device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
+          if (rows[r])
+            w += __int_as_float(device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
         a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
       }
       __syncwarp();
