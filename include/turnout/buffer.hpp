@@ -89,7 +89,7 @@ class Buffer {
   void combine(const CombineArgs& args, cudaStream_t stream);
 
   // Starts reading the device's free memory on a helper thread (the driver's
-  // query costs 13-29 us), for the next free_device_bytes to take.
+  // query costs 10-29 us), for the next free_device_bytes to take.
   void request_free_device_bytes();
   // Bytes the driver can still allocate on this Buffer's device
   // (cudaMemGetInfo), whatever device is current: the reading asked for by

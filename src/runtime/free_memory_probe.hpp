@@ -1,5 +1,5 @@
 // Reads the device's free memory on a helper thread. The driver's query
-// (cudaMemGetInfo) costs 13-29 us of host time; a dispatch asks for it when
+// (cudaMemGetInfo) costs 10-29 us of host time; a dispatch asks for it when
 // the call begins and takes the reading after its counts launch, so the
 // query runs beside the argument checks instead of in line with them.
 #pragma once
