@@ -49,12 +49,14 @@ size_t FreeMemoryProbe::take() {
   if (!pending_) {
     lock.unlock();
     size_t free_bytes = 0;
-    TURNOUT_CUDA_CHECK(query_free_bytes(device_, &free_bytes));
+    const cudaError_t st = query_free_bytes(device_, &free_bytes);
+    if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaMemGetInfo()", __FILE__, __LINE__);
     return free_bytes;
   }
   wake_.wait(lock, [this] { return ready_; });
   pending_ = ready_ = false;
-  TURNOUT_CUDA_CHECK(status_);
+  if (status_ != cudaSuccess)
+    detail::throw_cuda_error(status_, "cudaMemGetInfo() on the helper thread", __FILE__, __LINE__);
   return free_bytes_;
 }
 
