@@ -4,8 +4,8 @@
 # summary last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build/out}
-mkdir -p "$out"
+mkdir -p "${OUT:-build/out}"
+out=$(cd "${OUT:-build/out}" && pwd)  # absolute: the bench runs from /tmp
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 bench_args=${BENCH_ARGS:-}
 
@@ -15,7 +15,7 @@ start=$(date +%s)
 bash scripts/test.sh > "$out/test.log" 2>&1
 test_status=$?
 test_s=$(($(date +%s) - start))
-(cd /tmp && python3 -m turnout.bench $bench_args --json "$OLDPWD/$out/bench.json") > "$out/bench.log" 2>&1
+(cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
 bench_status=$?
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
