@@ -11,7 +11,6 @@
 #include "kernels/intranode/launch.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/control_region.hpp"
-#include "runtime/free_memory_probe.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
@@ -90,7 +89,6 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   outputs_relay_ = allocate_device(sizeof(kernels::OutputsMailbox));
   TURNOUT_CUDA_CHECK(cudaMemset(outputs_relay_.get(), 0, sizeof(kernels::OutputsMailbox)));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
-  free_memory_probe_ = std::make_unique<FreeMemoryProbe>(device_);
 }
 
 Buffer::~Buffer() {
@@ -122,7 +120,6 @@ void Buffer::destroy() {
   recv_counts_.reset();
   dispatch_outputs_.reset();
   outputs_relay_.reset();
-  free_memory_probe_.reset();
   nvl_.reset();
   sync_event_.reset();
   join_event_.reset();
@@ -131,14 +128,15 @@ void Buffer::destroy() {
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
 }
 
-void Buffer::request_free_device_bytes() {
-  // After destroy, the op that asked raises its own error.
-  if (free_memory_probe_) free_memory_probe_->request();
-}
-
-size_t Buffer::free_device_bytes() {
-  require_alive("free_device_bytes");
-  return free_memory_probe_->take();
+size_t Buffer::free_device_bytes() const {
+  int current = 0;
+  TURNOUT_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(device_));
+  size_t free = 0, total = 0;
+  const cudaError_t st = cudaMemGetInfo(&free, &total);
+  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(current));
+  TURNOUT_CUDA_CHECK(st);
+  return free;
 }
 
 void Buffer::require_alive(const char* op) const {

@@ -19,7 +19,6 @@ namespace turnout {
 namespace kernels {
 struct WaitContext;
 }
-class FreeMemoryProbe;
 
 // Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
 double default_timeout_s();
@@ -88,13 +87,9 @@ class Buffer {
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
 
-  // Starts reading the device's free memory on a helper thread (the driver's
-  // query costs 10-29 us), for the next free_device_bytes to take.
-  void request_free_device_bytes();
   // Bytes the driver can still allocate on this Buffer's device
-  // (cudaMemGetInfo), whatever device is current: the reading asked for by
-  // request_free_device_bytes if one is not yet taken, else read now.
-  size_t free_device_bytes();
+  // (cudaMemGetInfo), whatever device is current.
+  size_t free_device_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
   // timeout); a peer that never comes leaves a timeout record.
@@ -152,7 +147,6 @@ class Buffer {
   HostMemory dispatch_outputs_;
   void* dispatch_outputs_device_ = nullptr;
   DeviceMemory outputs_relay_;
-  std::unique_ptr<FreeMemoryProbe> free_memory_probe_;
   int num_device_sms_ = 0;
 };
 

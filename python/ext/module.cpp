@@ -203,7 +203,6 @@ void bind_buffer(nb::module_& m) {
                                                      recv_src_idx, source_num_tokens));
            })
       .def("drop_dispatch_outputs", &Buffer::drop_dispatch_outputs)
-      .def("request_free_device_bytes", &Buffer::request_free_device_bytes)
       .def("free_device_bytes", &Buffer::free_device_bytes)
       .def("dispatch",
            [](Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,

@@ -314,13 +314,6 @@ class Buffer:
         check_int(op, "expert_alignment", expert_alignment, 1)
         check_int(op, "num_worst_tokens", num_worst_tokens, 0)
         cached = handle is not None
-        # Without num_worst_tokens the receive size is known only after the
-        # counts, so the host waits for them after the counts launch.
-        defer = not cached and not num_worst_tokens
-        if defer:
-            # The driver's free-memory query runs on a helper thread beside the
-            # checks below; the reading is taken after the counts launch.
-            self._native.request_free_device_bytes()
         num_experts = num_topk = 0
         if cached:
             rank_prefix_matrix, old_source_info, is_token_in_rank = self._check_handle(op, handle)
@@ -365,6 +358,9 @@ class Buffer:
             stream = self._comm_raw
             in_rank_ptr = is_token_in_rank.data_ptr()
             topk_idx_ptr = topk_idx.data_ptr() if num_topk else 0
+            # Without num_worst_tokens the receive size is known only after the
+            # counts, so the host wait comes after the counts launch.
+            defer = not cached and not num_worst_tokens
             if not cached:
                 rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
                 native.dispatch_counts(
@@ -383,7 +379,8 @@ class Buffer:
             # tokens move while the host waits and allocates; its receive side
             # then waits for the outputs. Only where the allocations cannot need
             # a cudaFree (which would wait for that kernel): the driver has room
-            # for the most rows a dispatch can receive.
+            # for the most rows a dispatch can receive. The query runs while the
+            # counts kernel does.
             later = defer and native.free_device_bytes() >= _LATER_MARGIN_BYTES + num_tokens * R * (
                 hidden * data.element_size() + 4 * num_scales + 12 * num_topk + 4)
             if later:
