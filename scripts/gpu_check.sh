@@ -1,26 +1,47 @@
 #!/usr/bin/env bash
 # On a GPU host: build and run every test (scripts/test.sh, GPU suite included),
-# then the benchmarks; logs and JSON go to $OUT (or build/out). Prints a short
-# summary last.
+# then the GPU suite again at other rank counts, then the benchmarks; logs and
+# JSON go to $OUT (or build/out). Prints a short summary last.
+#
+#   SUITE_RANKS="2 8"      extra GPU-suite runs, one per rank count ("" for none)
+#   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
+#   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-build/out}"
 out=$(cd "${OUT:-build/out}" && pwd)  # absolute: the bench runs from /tmp
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 bench_args=${BENCH_ARGS:-}
+suite_ranks=${SUITE_RANKS-}
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$out/gpus.txt" 2>&1
 nvidia-smi topo -m > "$out/topology.txt" 2>&1
 start=$(date +%s)
-bash scripts/test.sh > "$out/test.log" 2>&1
+if [ -n "${SKIP_TEST_SH:-}" ]; then
+  python3 -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps . -Cbuild-dir=build/test \
+    -Ccmake.define.TURNOUT_BUILD_TESTS=ON > "$out/test.log" 2>&1
+else
+  bash scripts/test.sh > "$out/test.log" 2>&1
+fi
 test_status=$?
 test_s=$(($(date +%s) - start))
-(cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
-bench_status=$?
+suite_lines=()
+for n in $suite_ranks; do
+  start=$(date +%s)
+  python3 tests/gpu/run.py --ranks "$n" > "$out/suite-$n.log" 2>&1
+  suite_lines+=("GPU suite --ranks $n: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/suite-$n.log")")
+done
+bench_status=skipped
+if [ "$bench_args" != none ]; then
+  (cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
+  bench_status=$?
+fi
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
-echo "== bench.log (tail)"; tail -n 30 "$out/bench.log"
+for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
+[ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"
 cat "$out/gpus.txt"
-grep -E "tests passed|passed, .* failed|[0-9]+ passed|FAIL " "$out/test.log" | tail -n 8
+grep -E "tests passed|passed, .* failed|[0-9]+ passed|FAIL |GPU suite:" "$out/test.log" | tail -n 8
+for line in "${suite_lines[@]}"; do echo "$line"; done
 echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds everything (C++ core, CUDA kernels, Python extension, C++ tests) and
 # runs every test this host can run: the CPU tests always, the GPU suite when
-# GPUs are visible. Installs what is missing, at pinned versions.
+# GPUs are visible (one rank per GPU, at least 4 ranks: with fewer GPUs the
+# ranks share them; TURNOUT_TEST_RANKS sets the count). Installs what is
+# missing, at pinned versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -11,6 +11,7 @@
 #include "kernels/intranode/launch.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/control_region.hpp"
+#include "runtime/sm_budget.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
@@ -25,6 +26,7 @@ struct RankInfo {
   uint64_t host_id;
   uint64_t num_nvl_bytes;
   uint64_t num_rdma_bytes;
+  RankGpu gpu;
 };
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -50,9 +52,8 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
                        "of turnout; pass num_rdma_bytes=0");
   if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
-  TURNOUT_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms_, cudaDevAttrMultiProcessorCount, device_));
 
-  const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes};
+  const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes, local_rank_gpu(device_)};
   const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
   std::vector<RankInfo> all(bootstrap.size());
   std::memcpy(all.data(), gathered.data(), all.size() * sizeof(RankInfo));
@@ -65,6 +66,10 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
     host_ids.push_back(all[r].host_id);
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, options.nvl_domain_size);
+  std::vector<RankGpu> domain;
+  for (int nvl = 0; nvl < topology_.num_nvl_ranks; ++nvl) domain.push_back(all[topology_.nvl_peer_rank(nvl)].gpu);
+  sm_budget_ = turnout::sm_budget(domain);
+  ranks_on_gpu_ = turnout::ranks_on_gpu(domain, topology_.nvl_rank());
 
   if (options.comm_stream) {
     comm_stream_ = options.comm_stream;

@@ -54,6 +54,13 @@ class Buffer {
   const Topology& topology() const { return topology_; }
   int device() const { return device_; }
   double timeout_s() const { return timeout_s_; }
+  // SMs one op may use: the GPU's SMs divided among the ranks of the NVL
+  // domain that share it (the smallest share over the domain, even). A
+  // config asking for more runs on this many; blocks spin waiting for peer
+  // blocks, so every rank's blocks must fit on the GPUs at once.
+  int sm_budget() const { return sm_budget_; }
+  // Ranks of the NVL domain on this rank's GPU, this one included.
+  int ranks_on_gpu() const { return ranks_on_gpu_; }
   size_t num_nvl_bytes() const { return options_.num_nvl_bytes; }
   cudaStream_t comm_stream() const { return comm_stream_; }
   // The user-visible part of this rank's NVL buffer (num_nvl_bytes bytes).
@@ -116,7 +123,7 @@ class Buffer {
 
  private:
   void require_alive(const char* op) const;
-  void begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
+  int begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
   void post_dispatch_outputs(const DispatchOutputs& out, bool drop);
   DispatchCounts wait_recv_counts(const char* op, int32_t sequence);
   kernels::WaitContext wait_context() const;
@@ -147,7 +154,8 @@ class Buffer {
   HostMemory dispatch_outputs_;
   void* dispatch_outputs_device_ = nullptr;
   DeviceMemory outputs_relay_;
-  int num_device_sms_ = 0;
+  int sm_budget_ = 2;
+  int ranks_on_gpu_ = 1;
 };
 
 // True if this build holds sm_90 machine code.

@@ -131,6 +131,8 @@ void bind_buffer(nb::module_& m) {
       .def_prop_ro("num_rdma_ranks", [](const Buffer& b) { return b.topology().num_rdma_ranks(); })
       .def_prop_ro("device", &Buffer::device)
       .def_prop_ro("timeout_s", &Buffer::timeout_s)
+      .def_prop_ro("sm_budget", &Buffer::sm_budget)
+      .def_prop_ro("ranks_on_gpu", &Buffer::ranks_on_gpu)
       .def_prop_ro("destroyed", &Buffer::destroyed)
       .def_prop_ro("last_host_wait_s", &Buffer::last_host_wait_s)
       .def_prop_ro("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); })

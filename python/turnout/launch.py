@@ -1,11 +1,18 @@
-"""Runs a function on every local GPU, one process per GPU, each with
-torch.distributed initialized (the way a user's job runs), and collects what
-the function returns."""
+"""Runs a function in N processes, one per rank, each with torch.distributed
+initialized (the way a user's job runs), and collects what the function
+returns. Ranks go round-robin over the visible GPUs, so N may exceed the GPU
+count: ranks that share a GPU run under an MPS daemon of the run's own
+(``gpu_sharing``) and talk through Gloo, since NCCL refuses two ranks of one
+group on one GPU."""
 import multiprocessing as mp
 import os
+import queue
 import socket
+import time
 import traceback
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .gpu_sharing import shared_gpus
 
 
 def free_port() -> int:
@@ -14,21 +21,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process(rank: int, world_size: int, port: int, backend: str) -> None:
+def init_process(rank: int, world_size: int, port: int, backend: str, device: int) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(device)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            device_id=torch.device("cuda", rank) if backend == "nccl" else None)
+                            device_id=torch.device("cuda", device) if backend == "nccl" else None)
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: Sequence[Any], results) -> None:
+def _worker(rank: int, world_size: int, port: int, backend: str, device: int, env: Dict[str, str], fn: Callable,
+            args: Sequence[Any], results) -> None:
+    # Before CUDA starts in this process: the MPS client settings.
+    os.environ.update(env)
     import torch.distributed as dist
 
     try:
-        init_process(rank, world_size, port, backend)
+        init_process(rank, world_size, port, backend, device)
         out = fn(rank, world_size, *args)
         results.put((rank, "ok", out))
     except BaseException:  # reported to the parent, which raises
@@ -38,37 +48,69 @@ def _worker(rank: int, world_size: int, port: int, backend: str, fn: Callable, a
             dist.destroy_process_group()
 
 
-def run_on_local_gpus(fn: Callable, args: Sequence[Any] = (), num_ranks: Optional[int] = None,
-                      backend: str = "nccl", timeout_s: float = 1800.0) -> List[Any]:
-    """Calls ``fn(rank, world_size, *args)`` in one process per GPU; returns the
-    results in rank order, or raises with the first failing rank's traceback."""
+def gpus_shared(num_ranks: int) -> bool:
+    """True when ``num_ranks`` ranks would not each have a GPU of their own."""
     import torch
 
-    world_size = num_ranks or torch.cuda.device_count()
-    if world_size < 1:
+    return num_ranks > torch.cuda.device_count()
+
+
+def run_on_local_gpus(fn: Callable, args: Sequence[Any] = (), num_ranks: Optional[int] = None,
+                      backend: str = "nccl", timeout_s: float = 1800.0) -> List[Any]:
+    """Calls ``fn(rank, world_size, *args)`` in one process per rank (default:
+    one per visible GPU); returns the results in rank order, or raises with the
+    first failing rank's traceback, or naming a rank whose process died. The
+    NCCL backend becomes Gloo where ranks share a GPU."""
+    import torch
+
+    num_devices = torch.cuda.device_count()
+    if num_devices < 1:
         raise RuntimeError("run_on_local_gpus: no CUDA device is visible")
+    world_size = num_ranks or num_devices
+    if backend == "nccl" and world_size > num_devices:
+        backend = "gloo"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, fn, args, results))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
     outs: List[Any] = [None] * world_size
     errors = []
-    try:
-        for _ in range(world_size):
-            rank, status, value = results.get(timeout=timeout_s)
-            if status == "ok":
-                outs[rank] = value
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-                break
-    finally:
+    with shared_gpus(world_size, num_devices) as placement:
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, placement.device(r),
+                                                   placement.env(r), fn, args, results))
+                 for r in range(world_size)]
         for p in procs:
-            p.join(timeout=5 if errors else 60)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        finished = False
+        try:
+            reported = set()
+            deadline = time.monotonic() + timeout_s
+            while len(reported) < world_size and not errors:
+                try:
+                    rank, status, value = results.get(timeout=1.0)
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        errors.append(f"ranks {sorted(set(range(world_size)) - reported)} did not finish within "
+                                      f"{timeout_s:.0f} s")
+                    # A rank that died without a word (killed, crashed) would be waited for forever.
+                    dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode is not None]
+                    if dead and results.empty():
+                        errors += [f"rank {r}: its process exited with code {procs[r].exitcode} before it reported"
+                                   for r in dead]
+                    continue
+                reported.add(rank)
+                if status == "ok":
+                    outs[rank] = value
+                else:
+                    errors.append(f"rank {rank}:\n{value}")
+            finished = True
+        finally:
+            # Interrupted (Ctrl-C, SIGTERM): no grace, so the daemon goes promptly.
+            grace = (5 if errors else 60) if finished else 0
+            for p in procs:
+                p.join(timeout=grace)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     if errors:
         raise RuntimeError("a rank failed\n" + "\n".join(errors))
     return outs

@@ -1,5 +1,6 @@
 // Intranode dispatch and combine: argument checks, the buffer region of the
 // call, the host wait for the receive counts, and the kernel launches.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,13 +28,10 @@ using ops::require;
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The channel layout of a config: checks shared by dispatch and combine.
-void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens, int device_sms) {
+void check_config(const char* op, int num_sms, int send_tokens, int recv_tokens) {
   require(num_sms >= 2 && num_sms % 2 == 0 && num_sms / 2 <= kernels::kMaxChannels, op, [&] {
     return "config.num_sms must be even and in [2, " + str(2 * kernels::kMaxChannels) + "], got " + str(num_sms);
   });
-  // Every block must be resident at once: senders and receivers wait on each other.
-  require(num_sms <= device_sms, op,
-          [&] { return "config.num_sms must be <= the " + str(device_sms) + " SMs of this GPU, got " + str(num_sms); });
   require(send_tokens >= 1 && send_tokens <= recv_tokens, op, [&] {
     return "config needs 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
            str(send_tokens) + " and " + str(recv_tokens);
@@ -57,8 +55,10 @@ kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_exp
 }  // namespace
 
 // What every intranode op checks first: a live buffer, no pending error, one
-// NVL domain, a usable config.
-void Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens) {
+// NVL domain, a usable config. Returns the SMs the op runs on: the config's,
+// at most the budget, since every block must be resident at once (senders
+// and receivers wait on each other, also across ranks that share a GPU).
+int Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens) {
   require_alive(op);
   if (outputs_sequence_ != 0) {
     // It would queue behind a kernel that waits for the host.
@@ -70,12 +70,13 @@ void Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, in
   if (!topology_.single_nvl_domain())
     throw NotSupported(std::string(op) +
                        ": groups that span several NVL domains (internode) are not available in this version");
-  check_config(op, num_sms, send_tokens, recv_tokens, num_device_sms_);
+  check_config(op, num_sms, send_tokens, recv_tokens);
+  return std::min(num_sms, sm_budget_);
 }
 
 DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
-  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  const int sms = begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
   require(a.num_tokens >= 0, op, [&] { return "num_tokens must be >= 0, got " + str(a.num_tokens); });
   require(a.num_tokens == 0 || a.is_token_in_rank, op, "is_token_in_rank must be given");
@@ -94,9 +95,9 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
   }
   // Only the counts area is used here; the data step checks the rings.
   const int experts = a.num_tokens_per_expert ? a.num_experts : 0;
-  const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, 16);
+  const auto region = dispatch_region(R, sms, experts, a.num_max_recv_tokens, 16);
   require(region.rings <= kernels::kIntranodeMetaBytes, op, [&] {
-    return "the counts of " + str(experts) + " experts over " + str(a.num_sms / 2) + " channels exceed " +
+    return "the counts of " + str(experts) + " experts over " + str(sms / 2) + " channels exceed " +
            str(kernels::kIntranodeMetaBytes) + " bytes";
   });
   require(static_cast<size_t>(region.rings) <= options_.num_nvl_bytes, op, [&] {
@@ -191,7 +192,7 @@ void Buffer::drop_dispatch_outputs() {
 
 void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
-  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  const int sms = begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
   require(a.num_tokens >= 0, op, [&] { return "num_tokens must be >= 0, got " + str(a.num_tokens); });
   require(a.row_bytes > 0 && a.row_bytes % 16 == 0, op,
@@ -228,7 +229,7 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   }
   const auto slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
   const int experts = a.num_topk > 0 ? a.num_experts : 0;
-  const auto region = dispatch_region(R, a.num_sms, experts, a.num_max_recv_tokens, slot.bytes);
+  const auto region = dispatch_region(R, sms, experts, a.num_max_recv_tokens, slot.bytes);
   check_fits(op, region, options_.num_nvl_bytes);
   kernels::DispatchParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
                             region,
@@ -250,7 +251,7 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
 
 void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   const char* op = "combine";
-  begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  const int sms = begin_intranode_op(op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const int R = topology_.num_ranks;
   require(a.hidden > 0 && a.hidden % 8 == 0, op,
           [&] { return "hidden must be a positive multiple of 8, got " + str(a.hidden); });
@@ -266,7 +267,7 @@ void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   require(aligned16(a.x) && aligned16(a.combined_x) && aligned16(a.bias0) && aligned16(a.bias1), op,
           "x, combined_x and the biases must start at a 16-byte aligned address");
   const auto slot = kernels::make_combine_slot(a.hidden, a.num_topk);
-  const auto region = kernels::make_intranode_region(R, a.num_sms / 2, 0, a.num_max_recv_tokens, slot.bytes);
+  const auto region = kernels::make_intranode_region(R, sms / 2, 0, a.num_max_recv_tokens, slot.bytes);
   check_fits(op, region, options_.num_nvl_bytes);
   const kernels::Peers peers{nvl_->device_table(), peer_nvl_table(), topology_.rank, R};
   kernels::NotifyParams prepare{peers, region, false, {}, nullptr, 0, wait_context()};

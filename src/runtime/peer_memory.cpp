@@ -1,5 +1,7 @@
 #include "turnout/peer_memory.hpp"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
@@ -10,8 +12,8 @@ namespace {
 
 struct PeerInfo {
   cudaIpcMemHandle_t handle;
-  int32_t device;
-  int32_t reserved;
+  uint64_t host_id;
+  int64_t pid;
   uint64_t bytes;
 };
 
@@ -25,7 +27,8 @@ PeerMemory::PeerMemory(Bootstrap& bootstrap, const Topology& topology, size_t by
 
   PeerInfo mine{};
   TURNOUT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, local_.get()));
-  TURNOUT_CUDA_CHECK(cudaGetDevice(&mine.device));
+  mine.host_id = local_host_id();
+  mine.pid = getpid();
   mine.bytes = bytes;
   const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
   std::vector<PeerInfo> all(bootstrap.size());
@@ -42,10 +45,12 @@ PeerMemory::PeerMemory(Bootstrap& bootstrap, const Topology& topology, size_t by
       peers_[nvl] = local_.get();
       continue;
     }
-    if (info.device == mine.device)
+    // Ranks may share a GPU, but not a process: CUDA IPC opens only another
+    // process's memory.
+    if (info.host_id == mine.host_id && info.pid == mine.pid)
       throw InvalidArgument("peer memory: ranks " + std::to_string(topology.rank) + " and " +
-                            std::to_string(peer_rank) + " use the same GPU " + std::to_string(mine.device) +
-                            " (one process per GPU)");
+                            std::to_string(peer_rank) + " are one process (pid " + std::to_string(mine.pid) +
+                            "); turnout needs one process per rank");
     void* mapped = nullptr;
     TURNOUT_CUDA_CHECK(cudaIpcOpenMemHandle(&mapped, info.handle, cudaIpcMemLazyEnablePeerAccess));
     mappings_.emplace_back(mapped);

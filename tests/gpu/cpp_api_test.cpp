@@ -1,4 +1,4 @@
-// The C++ API alone, no Python: one process per GPU bootstrapped over TCP,
+// The C++ API alone, no Python: one process per rank (round-robin over the GPUs) bootstrapped over TCP,
 // get_dispatch_layout against the host reference, peer stores and loads
 // across every pair, and an intranode dispatch and combine. Exit status 0 when every rank passed.
 //
@@ -224,11 +224,19 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
 
 int run_rank(int rank, int num_ranks, uint16_t port) {
   try {
-    TURNOUT_CUDA_CHECK(cudaSetDevice(rank));
+    // Ranks go round-robin over the visible GPUs; several may share one.
+    int devices = 0;
+    TURNOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    TURNOUT_CUDA_CHECK(cudaSetDevice(rank % devices));
     turnout::TcpBootstrap bootstrap(rank, num_ranks, "127.0.0.1", port, std::chrono::seconds(60));
     turnout::BufferOptions options;
     options.num_nvl_bytes = turnout::Config(4, 8, 256).get_nvl_buffer_size_hint(256 * 2, num_ranks);
     turnout::Buffer buffer(bootstrap, options);
+    int sharing = 0;
+    for (int r = 0; r < num_ranks; ++r) sharing += r % devices == rank % devices;
+    EXPECT(buffer.ranks_on_gpu() == sharing, "ranks_on_gpu() = %d, expected %d (%d ranks on %d GPUs)",
+           buffer.ranks_on_gpu(), sharing, num_ranks, devices);
+    EXPECT(buffer.sm_budget() >= 2 && buffer.sm_budget() % 2 == 0, "sm_budget() = %d", buffer.sm_budget());
     cudaStream_t stream = buffer.comm_stream();
     if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream) ||
         check_intranode(buffer, rank, num_ranks, stream, Outputs::kFirst) ||

@@ -1,15 +1,88 @@
 """What every GPU test gets: its rank, its GPU, process groups of every size the
-machine allows, and comparison helpers that say what differed."""
+run allows, comparison helpers that say what differed, a way to skip with a
+reason, and a count of the checks it made.
+
+A test's checks are counted: every ``assert`` statement of the modules in this
+folder (``install_check_counter`` rewrites them on import) and every helper
+below. The runner fails a test whose ranks made no check at all, so a loop
+that ran zero times cannot pass as a test."""
+import ast
+import importlib.abc
+import importlib.machinery
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
+HERE = Path(__file__).resolve().parent
+
+_checks = 0
+
+
+class Skipped(Exception):
+    """Raised by a test that cannot run its body in this configuration."""
+
+
+def count_check() -> None:
+    global _checks
+    _checks += 1
+
+
+def take_checks() -> int:
+    """The checks made since the last call (the runner calls it per test)."""
+    global _checks
+    made, _checks = _checks, 0
+    return made
+
+
+class _CountAsserts(ast.NodeTransformer):
+    """``assert test, msg`` becomes ``count_check(); if not test: raise
+    AssertionError(msg)``: the message is still built only on failure."""
+
+    def visit_Assert(self, node: ast.Assert):
+        count = ast.Expr(ast.Call(ast.Name("__count_check__", ast.Load()), [], []))
+        fail = ast.Raise(ast.Call(ast.Name("AssertionError", ast.Load()), [node.msg] if node.msg else [], []), None)
+        check = ast.If(ast.UnaryOp(ast.Not(), node.test), [fail], [])
+        return [ast.copy_location(count, node), ast.copy_location(check, node)]
+
+
+class _CountingLoader(importlib.machinery.SourceFileLoader):
+    def get_code(self, fullname):
+        # Always from source: a cached .pyc would hold the unrewritten asserts.
+        path = self.get_filename(fullname)
+        tree = _CountAsserts().visit(ast.parse(self.get_data(path), path))
+        return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
+
+    def exec_module(self, module):
+        module.__dict__["__count_check__"] = count_check
+        super().exec_module(module)
+
+
+class _CountingFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if "." in name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [str(HERE)])
+        if spec is None or not spec.origin or Path(spec.origin).parent != HERE or name == "harness":
+            return None
+        spec.loader = _CountingLoader(name, spec.origin)
+        return spec
+
+
+def install_check_counter() -> None:
+    """From now on, modules of this folder are imported with counted asserts."""
+    if not any(isinstance(f, _CountingFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CountingFinder())
+
 
 class Context:
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, device_index: int) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.device = torch.device("cuda", rank)
+        self.device = torch.device("cuda", device_index)
+        self.num_devices = torch.cuda.device_count()
         # new_group is collective over WORLD: make every size once, up front.
         self.groups = {}
         for n in (2, 4, 8):
@@ -17,9 +90,18 @@ class Context:
                 self.groups[n] = dist.new_group(list(range(n)))
         self.groups[world_size] = dist.group.WORLD
 
+    @property
+    def shares_gpu(self) -> bool:
+        """True when ranks of this run share GPUs (more ranks than GPUs)."""
+        return self.world_size > self.num_devices
+
     def sizes(self):
-        """Group sizes to test, smallest first (2 and 4 where the GPUs allow)."""
-        return sorted(n for n in self.groups if n >= 2)
+        """Group sizes to test, smallest first (2, 4 and 8 where the run allows);
+        skips the test when the run has a single rank."""
+        sizes = sorted(n for n in self.groups if n >= 2)
+        if not sizes:
+            self.skip(f"needs a group of at least 2 ranks; this run has {self.world_size}")
+        return sizes
 
     def group(self, size: int):
         """The group of ranks [0, size), or None on ranks outside it."""
@@ -31,9 +113,15 @@ class Context:
         dist.all_gather_object(out, obj, group=group)
         return out
 
+    @staticmethod
+    def skip(reason: str):
+        """Ends the test as skipped. Call it on every rank alike."""
+        raise Skipped(reason)
+
 
 def assert_equal(got, expected, what: str) -> None:
     """Bitwise equality of two tensors/arrays, with the first differing index."""
+    count_check()
     g = got.cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
     e = expected.cpu().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
     if g.shape != e.shape:
@@ -48,6 +136,7 @@ def assert_equal(got, expected, what: str) -> None:
 
 def assert_raises(kind, fn, *words):
     """Calls fn, which must raise `kind` with every word of `words` in its message."""
+    count_check()
     try:
         fn()
     except kind as e:

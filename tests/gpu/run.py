@@ -1,13 +1,21 @@
-"""Runs every GPU test on all visible GPUs, one process per GPU, and ends with
-'N passed, M failed'.
+"""Runs every GPU test with N ranks, one process each, and ends with
+'N passed, M failed, K skipped'.
 
 Each test is a function ``test_*(ctx)`` in a ``test_*.py`` module beside this
-file; every rank runs it and it passes when every rank returns. A watchdog in
-this (parent) process gives each test a deadline (``fn.timeout`` seconds,
-default 180): a test that hangs is killed with its workers, counted as failed,
-and the run goes on with fresh workers from the next test.
+file; every rank runs it. It passes when every rank returns and the ranks made
+at least one check between them (``harness`` counts asserts and helpers); it
+is skipped, with its reason, when a rank raises ``harness.Skipped``. Ranks go
+round-robin over the visible GPUs; where they share one, an MPS daemon of the
+run's own serves them (``turnout.gpu_sharing``) and is stopped at the end,
+also when a test fails, hangs or the run is interrupted. A watchdog in this
+(parent) process gives each test a deadline (``fn.timeout`` seconds, default
+180): a test that hangs is killed with its workers, counted as failed, and the
+run goes on with fresh workers from the next test.
 
     python tests/gpu/run.py [--ranks N] [-k SUBSTRING] [--list]
+
+Ranks: ``--ranks``, else ``$TURNOUT_TEST_RANKS``, else every visible GPU, at
+least 4 (ranks then share GPUs).
 """
 import argparse
 import importlib
@@ -24,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TAG = "@@turnout-test@@ "
 DEFAULT_TIMEOUT_S = 180.0
+MIN_DEFAULT_RANKS = 4
 
 
 def discover(pattern: str):
@@ -49,28 +58,33 @@ def report(**event) -> None:
     sys.stdout.flush()
 
 
-def worker_main(rank: int, world_size: int, port: int, tests, start: int) -> None:
+def worker_main(rank: int, world_size: int, port: int, device: int, tests, start: int) -> None:
     import faulthandler
     import torch
     import torch.distributed as dist
     from datetime import timedelta
 
-    from harness import Context
+    import harness
 
     faulthandler.enable()  # a crash in native code still shows the Python stack
-    torch.cuda.set_device(rank)
+    harness.install_check_counter()
+    torch.cuda.set_device(device)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
-    ctx = Context(rank, world_size)
+    ctx = harness.Context(rank, world_size, device)
     for index in range(start, len(tests)):
         module_name, fn_name, _ = tests[index]
         fn = getattr(importlib.import_module(module_name), fn_name)
         dist.barrier()
         report(event="start", test=index)
+        harness.take_checks()
         t0 = time.time()
         try:
             fn(ctx)
-            report(event="end", test=index, ok=True, seconds=time.time() - t0)
+            report(event="end", test=index, ok=True, seconds=time.time() - t0, checks=harness.take_checks())
+        except harness.Skipped as e:
+            report(event="end", test=index, ok=True, skipped=str(e), seconds=time.time() - t0,
+                   checks=harness.take_checks())
         except BaseException:
             report(event="end", test=index, ok=False, seconds=time.time() - t0, error=traceback.format_exc())
         torch.cuda.synchronize()
@@ -82,16 +96,17 @@ def worker_main(rank: int, world_size: int, port: int, tests, start: int) -> Non
 # Parent side: launch, watch, report
 
 
-def launch(world_size: int, tests_arg: str, start: int):
-    sys.path.insert(0, str(HERE.parent.parent / "python"))
+def launch(world_size: int, tests_arg: str, start: int, placement):
     from turnout.launch import free_port
 
     port = free_port()
     events: "queue.Queue" = queue.Queue()
     procs = []
     for rank in range(world_size):
-        p = subprocess.Popen([sys.executable, __file__, "--worker", str(rank), str(world_size), str(port), tests_arg,
-                              str(start)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        env = dict(os.environ, **placement.env(rank))
+        p = subprocess.Popen([sys.executable, __file__, "--worker", str(rank), str(world_size), str(port),
+                              str(placement.device(rank)), tests_arg, str(start)],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
         threading.Thread(target=pump, args=(rank, p, events), daemon=True).start()
         procs.append(p)
     return procs, events
@@ -117,52 +132,98 @@ def kill(procs) -> None:
         p.wait()
 
 
-def run_tests(tests, world_size: int):
-    """Yields (name, ok, seconds, message) per test."""
+def verdict(done, errors, world_size: int):
+    """("PASS" | "FAIL" | "SKIP", message) of one test from its ranks' end events."""
+    if errors:
+        return "FAIL", "\n".join(errors)
+    skipped = sorted({ev["skipped"] for ev in done.values() if ev.get("skipped")})
+    if skipped:
+        return "SKIP", "; ".join(skipped)
+    if sum(ev.get("checks", 0) for ev in done.values()) == 0:
+        return "FAIL", f"no rank of {world_size} made a check: the test's body checked nothing"
+    return "PASS", ""
+
+
+def wait_for_gpus(placement, world_size: int, limit_s: float = 180.0) -> None:
+    """Under MPS, a killed rank's kernels run on until they end (at worst their
+    timeout), and meanwhile the server may turn new clients away: before
+    fresh workers start, wait until a client of each GPU gets in."""
+    probe = "import sys, torch; torch.zeros(1, device=f'cuda:{sys.argv[1]}'); torch.cuda.synchronize()"
+    deadline = time.time() + limit_s
+    for device in sorted({placement.device(r) for r in range(world_size)}):
+        rank = next(r for r in range(world_size) if placement.device(r) == device)
+        env = dict(os.environ, **placement.env(rank))
+        said = False
+        while subprocess.run([sys.executable, "-c", probe, str(device)], env=env, capture_output=True).returncode:
+            if time.time() > deadline:
+                print(f"GPU {device} still turns new processes away after {limit_s:.0f} s", flush=True)
+                return
+            if not said:
+                print(f"waiting for GPU {device} to accept new processes (a killed rank's kernels may still run)",
+                      flush=True)
+                said = True
+            time.sleep(2.0)
+
+
+def run_tests(tests, world_size: int, placement):
+    """Yields (name, status, seconds, message) per test."""
     tests_arg = json.dumps(tests)
     index = 0
     while index < len(tests):
-        procs, events = launch(world_size, tests_arg, index)
+        if index > 0 and placement.daemon is not None:
+            wait_for_gpus(placement, world_size)
+        procs, events = launch(world_size, tests_arg, index, placement)
         restart = False
-        while index < len(tests) and not restart:
-            name, timeout = f"{tests[index][0]}::{tests[index][1]}", tests[index][2]
-            done, errors, started = {}, [], None
-            deadline = time.time() + timeout + 120  # the first test also waits for start-up
-            while len(done) < world_size:
-                try:
-                    rank, ev = events.get(timeout=max(0.0, deadline - time.time()))
-                except queue.Empty:
-                    missing = sorted(set(range(world_size)) - set(done))
-                    errors.append(f"hung: ranks {missing} did not finish within {timeout:.0f} s (killed)")
-                    restart = True
-                    break
-                if ev["event"] == "start" and ev["test"] == index and started is None:
-                    started = time.time()
-                    deadline = started + timeout
-                elif ev["event"] == "end" and ev["test"] == index:
-                    done[rank] = ev
-                    if not ev["ok"]:
-                        errors.append(f"rank {rank}:\n{ev['error']}")
-                elif ev["event"] == "exit":
-                    errors.append(f"rank {rank} exited with code {ev['code']} during the test")
-                    restart = True
-                    break
-            seconds = time.time() - (started or time.time())
-            yield name, not errors, seconds, "\n".join(errors)
-            index += 1
-            # Ranks of a failed test may still sit in its collectives: start afresh.
-            restart = restart or bool(errors)
-        kill(procs)
+        try:
+            while index < len(tests) and not restart:
+                name, timeout = f"{tests[index][0]}::{tests[index][1]}", tests[index][2]
+                done, errors, started = {}, [], None
+                deadline = time.time() + timeout + 120  # the first test also waits for start-up
+                while len(done) < world_size:
+                    try:
+                        rank, ev = events.get(timeout=max(0.0, deadline - time.time()))
+                    except queue.Empty:
+                        missing = sorted(set(range(world_size)) - set(done))
+                        errors.append(f"hung: ranks {missing} did not finish within {timeout:.0f} s (killed)")
+                        restart = True
+                        break
+                    if ev["event"] == "start" and ev["test"] == index and started is None:
+                        started = time.time()
+                        deadline = started + timeout
+                    elif ev["event"] == "end" and ev["test"] == index:
+                        done[rank] = ev
+                        if not ev["ok"]:
+                            errors.append(f"rank {rank}:\n{ev['error']}")
+                    elif ev["event"] == "exit":
+                        errors.append(f"rank {rank} exited with code {ev['code']} during the test")
+                        restart = True
+                        break
+                seconds = time.time() - (started or time.time())
+                status, message = verdict(done, errors, world_size)
+                yield name, status, seconds, message
+                index += 1
+                # Ranks of a failed test may still sit in its collectives: start afresh.
+                restart = restart or bool(errors)
+        finally:
+            kill(procs)
+
+
+def default_ranks(num_devices: int) -> int:
+    env = os.environ.get("TURNOUT_TEST_RANKS")
+    if env:
+        return int(env)
+    return max(num_devices, MIN_DEFAULT_RANKS)
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        rank, world_size, port = map(int, sys.argv[2:5])
+        rank, world_size, port, device = map(int, sys.argv[2:6])
         sys.path.insert(0, str(HERE))
-        worker_main(rank, world_size, port, json.loads(sys.argv[5]), int(sys.argv[6]))
+        worker_main(rank, world_size, port, device, json.loads(sys.argv[6]), int(sys.argv[7]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=None, help="processes (GPUs) to use; default all visible")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="ranks (processes) to run; default $TURNOUT_TEST_RANKS, else the visible GPUs, at least 4")
     parser.add_argument("-k", default="", help="run only tests whose module::name contains this")
     parser.add_argument("--list", action="store_true", help="list the tests and exit")
     args = parser.parse_args()
@@ -173,21 +234,34 @@ def main() -> int:
         return 0
     import torch
 
-    world_size = args.ranks or torch.cuda.device_count()
-    if world_size < 1:
+    from turnout.gpu_sharing import shared_gpus
+
+    num_devices = torch.cuda.device_count()
+    if num_devices < 1:
         print("no CUDA device visible: no GPU test can run")
-        print("0 passed, 1 failed")
+        print("0 passed, 1 failed, 0 skipped")
         return 1
-    passed = failed = 0
+    world_size = args.ranks or default_ranks(num_devices)
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     t0 = time.time()
-    for name, ok, seconds, message in run_tests(tests, world_size):
-        print(f"{'PASS' if ok else 'FAIL'} {name} ({seconds:.1f} s)", flush=True)
-        if not ok:
-            print("    " + message.replace("\n", "\n    "), flush=True)
-        passed, failed = passed + ok, failed + (not ok)
-    print(f"GPU suite on {world_size} GPU(s), {time.time() - t0:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 and passed > 0 else 1
+    with shared_gpus(world_size, num_devices) as placement:
+        where = (f"{world_size} ranks on {num_devices} GPU(s)" +
+                 (", ranks sharing GPUs" + (" under MPS" if placement.daemon else " (time-sliced, no MPS)")
+                  if placement.shared else ""))
+        print(f"GPU suite: {where}", flush=True)
+        results = run_tests(tests, world_size, placement)
+        try:
+            for name, status, seconds, message in results:
+                print(f"{status} {name} ({seconds:.1f} s)" + (f": {message}" if status == "SKIP" else ""),
+                      flush=True)
+                if status == "FAIL":
+                    print("    " + message.replace("\n", "\n    "), flush=True)
+                counts[status] += 1
+        finally:
+            results.close()  # its workers go before the MPS daemon does
+    print(f"GPU suite: {where}, {time.time() - t0:.0f} s")
+    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 0 if counts["FAIL"] == 0 and counts["PASS"] > 0 else 1
 
 
 if __name__ == "__main__":

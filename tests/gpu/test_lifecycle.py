@@ -78,6 +78,8 @@ test_create_destroy_cycles_do_not_leak.timeout = 600
 
 
 def test_buffer_over_nccl_group(ctx):
+    if ctx.shares_gpu:
+        ctx.skip("NCCL refuses two ranks of one group on one GPU, and ranks share GPUs in this run")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for n in ctx.sizes():
         # new_group is collective over WORLD: every rank makes every group.

@@ -1,5 +1,6 @@
-"""ceiling: every GPU stores to every peer at once with a plain SM kernel. The
-NVLink figure every later result is compared with."""
+"""ceiling: every rank stores to every peer at once with a plain SM kernel. The
+NVLink figure every later result is compared with; where ranks share a GPU,
+the local copy (HBM) ceiling of that GPU instead."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -7,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..buffer import Buffer
-from ..launch import run_on_local_gpus
+from ..launch import gpus_shared, run_on_local_gpus
 from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
 from .timing import merge_ranks, time_each
@@ -21,6 +22,7 @@ COLUMNS = [
     column("time us", "time_us", "{:.1f}"),
     column("GB/s", "gbps", "{:.1f}"),
     range_column("GB/s over ranks", "gbps"),
+    column("GB/s per GPU, its ranks together", "gbps_gpu", "{:.1f}"),
     column("% of NVLink raw", "pct_of_raw", "{:.1f}"),
 ]
 
@@ -36,7 +38,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     buffer = Buffer(dist.group.WORLD, num_nvl_bytes=world_size * bytes_per_peer)
     native = buffer._native
     if native.num_nvl_ranks < 2:
-        raise RuntimeError("ceiling: needs at least 2 GPUs connected by NVLink")
+        raise RuntimeError("ceiling: needs at least 2 ranks (on GPUs connected by NVLink, or sharing one GPU)")
     # Random bytes: a zero source could let the hardware take shortcuts.
     src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -52,7 +54,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
             # each one's stores meet its peers' stores on the links.
             before=lambda: native.barrier(stream))
         rows.append({"bench": "ceiling", "num_sms": num_sms, "bytes_per_gpu": bytes_per_gpu,
-                     "time_us": statistics.median(times)})
+                     "time_us": statistics.median(times), "ranks_on_gpu": native.ranks_on_gpu})
     progress.close()
     return rows
 
@@ -62,16 +64,23 @@ def gbps(num_bytes: int, time_us: float) -> float:
 
 
 def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
+    shared = gpus_shared(num_ranks or torch.cuda.device_count())
     rows = merge_ranks(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"), "time_us")
     for row in rows:
         # Every rank moves the same bytes: the slowest rank has the lowest bandwidth.
         row.update(gbps=gbps(row["bytes_per_gpu"], row["time_us"]),
                    gbps_min=gbps(row["bytes_per_gpu"], row["time_us_max"]),
                    gbps_max=gbps(row["bytes_per_gpu"], row["time_us_min"]))
-        row["pct_of_raw"] = pct_of_raw(row["gbps"])
+        row["gbps_gpu"] = row["gbps"] * row["ranks_on_gpu"]
+        # Stores between ranks of one GPU never reach NVLink.
+        row["pct_of_raw"] = None if shared else pct_of_raw(row["gbps"])
+        row["ranks_share_gpus"] = shared
     return rows
 
 
 def plot_series(rows: List[Dict]) -> Dict:
+    if rows and rows[0].get("ranks_share_gpus"):
+        return {"x": [r["num_sms"] for r in rows], "y": [r["gbps_gpu"] for r in rows], "xlabel": "SMs per rank",
+                "ylabel": "GB/s per GPU, ranks sharing it (local copy)"}
     return {"x": [r["num_sms"] for r in rows], "y": [r["gbps"] for r in rows], "xlabel": "SMs per GPU",
             "ylabel": "GB/s per GPU (wire)", "ref": (NVLINK_RAW_GBPS, "NVLink raw")}

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ..buffer import Buffer
 from .. import Config
-from ..launch import run_on_local_gpus
+from ..launch import gpus_shared, run_on_local_gpus
 from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
 from .timing import time_each
@@ -25,6 +25,7 @@ COLUMNS = [
     column("op", "op"),
     column("tokens", "tokens"),
     column("SMs", "num_sms"),
+    column("SMs used", "sms_used"),
     column("time us", "time_us", "{:.1f}"),
     column("GB/s", "gbps", "{:.1f}"),
     range_column("GB/s over ranks", "gbps"),
@@ -74,7 +75,8 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
     for op in OPS:
         fn, num_bytes = calls[op]
         t = statistics.median(time_each(fn, iters, warmup, before=flush.zero_))
-        rows.append({"bench": "intranode", "op": op, "tokens": num_tokens, "num_sms": num_sms, "time_us": t,
+        rows.append({"bench": "intranode", "op": op, "tokens": num_tokens, "num_sms": num_sms,
+                     "sms_used": min(num_sms, buffer._native.sm_budget), "time_us": t,
                      "recv_tokens": num_recv, "gbps": num_bytes / (t * 1e-6) / 1e9})
     return rows
 
@@ -112,7 +114,8 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
                 (warm if i else first).append(host_s * 1e6)
         torch.cuda.synchronize()
         rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": MAIN_TOKENS, "num_sms": MAIN_SMS,
-                     "host_us": statistics.median(warm), "host_us_after_sync": statistics.median(first)})
+                     "sms_used": min(MAIN_SMS, native.sm_budget), "host_us": statistics.median(warm),
+                     "host_us_after_sync": statistics.median(first)})
     return rows
 
 
@@ -138,7 +141,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     return rows
 
 
-def merge(per_rank: List[List[Dict]]) -> List[Dict]:
+def merge(per_rank: List[List[Dict]], shared: bool) -> List[Dict]:
     merged = []
     for rows in zip(*per_rank):
         row = dict(rows[0])
@@ -147,15 +150,18 @@ def merge(per_rank: List[List[Dict]]) -> List[Dict]:
             if values:
                 row[key] = statistics.median(values)
                 row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
-        if row.get("gbps") is not None:
+        # Where ranks share a GPU no byte crosses NVLink.
+        if row.get("gbps") is not None and not shared:
             row["pct_of_raw"] = pct_of_raw(row["gbps"])
+        row["ranks_share_gpus"] = shared
         row["ranks"] = len(rows)
         merged.append(row)
     return merged
 
 
 def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
-    return merge(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"))
+    shared = gpus_shared(num_ranks or torch.cuda.device_count())
+    return merge(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"), shared)
 
 
 def plot_series(rows: List[Dict]) -> Dict:
@@ -164,5 +170,8 @@ def plot_series(rows: List[Dict]) -> Dict:
         pts = sorted((r["tokens"], r["gbps"]) for r in rows
                      if r["op"] == op and r["num_sms"] == MAIN_SMS and r.get("gbps") is not None)
         series.append((f"{op}, {MAIN_SMS} SMs", [p[0] for p in pts], [p[1] for p in pts]))
+    if rows and rows[0].get("ranks_share_gpus"):
+        return {"series": series, "x": series[0][1], "xlabel": "tokens per rank",
+                "ylabel": "logical GB/s per rank (ranks share a GPU)"}
     return {"series": series, "x": series[0][1], "xlabel": "tokens per rank", "ylabel": "logical GB/s per rank",
             "ref": (450.0, "target 450 GB/s")}

@@ -8,6 +8,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 #: given as a percent of it.
 NVLINK_RAW_GBPS = 478.0
 
+#: Ranks of a run on a single GPU, which they share.
+SHARED_DEFAULT_RANKS = 4
+SHARED_NOTE = ("{ranks} ranks share {count} GPU(s) ({gpus_label}): bandwidth figures measure HBM and SM sharing, "
+               "not NVLink; compare them only within one run. Host times and correctness hold.")
+
 Column = Tuple[str, Callable[[Dict], str]]
 
 
@@ -41,12 +46,20 @@ def format_table(rows: Sequence[Dict], columns: Sequence[Column]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> Dict:
+def default_ranks(num_devices: int) -> int:
+    """One rank per GPU; on a single GPU, ``SHARED_DEFAULT_RANKS`` ranks sharing it."""
+    return num_devices if num_devices >= 2 else SHARED_DEFAULT_RANKS
+
+
+def machine_info(num_ranks: Optional[int] = None) -> Dict:
+    """The GPUs, software, and the ranks of the run (``num_ranks`` or the default)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"gpus": [torch.cuda.get_device_name(i) for i in range(count)], "count": count,
-            "torch": torch.__version__, "cuda": torch.version.cuda}
+    gpus = [torch.cuda.get_device_name(i) for i in range(count)]
+    ranks = num_ranks or default_ranks(count)
+    return {"gpus": gpus, "count": count, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "ranks": ranks, "ranks_share_gpus": ranks > count, "gpus_label": ", ".join(sorted(set(gpus)))}
 
 
 def record(command: List[str], results: Dict[str, List[Dict]], machine: Dict,
@@ -65,10 +78,11 @@ def write_json(doc: Dict, path: str) -> None:
         f.write("\n")
 
 
-def plot(panels: Dict[str, Dict], path: str) -> bool:
+def plot(panels: Dict[str, Dict], path: str, note: Optional[str] = None) -> bool:
     """One panel per subcommand from its ``plot_series`` dict (``x``, ``y``,
     ``xlabel``, ``ylabel``, optional ``series``: ``(label, x, y)`` lines
     instead of one, optional ``ref``: a ``(value, label)`` line);
+    ``note`` goes above the panels (ranks sharing a GPU say so there);
     returns False, writing nothing, when matplotlib is missing or there is
     nothing to draw."""
     try:
@@ -96,6 +110,8 @@ def plot(panels: Dict[str, Dict], path: str) -> bool:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
+    if note:
+        fig.suptitle(note, fontsize="small", wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
