@@ -119,7 +119,8 @@ test_same_seed_gives_same_bits.timeout = 300
 
 def test_worst_tokens_in_cuda_graph(ctx):
     """dispatch(num_worst_tokens) + combine captured once, replayed 100 times
-    with new routings and data copied into the captured inputs."""
+    (20 in the smaller subgroups) with new routings and data copied into the
+    captured inputs."""
     case = Case("uniform", 256, 1024, 4, 32, biases=1)
     for n in ctx.sizes():
         g = ctx.group(n)
@@ -152,7 +153,9 @@ def test_worst_tokens_in_cuda_graph(ctx):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out, back = step()
-            for it in range(100):
+            # 100 replays on the whole group, 20 on its smaller subgroups.
+            replays = 100 if n == max(ctx.sizes()) else 20
+            for it in range(replays):
                 it_case = Case("uniform", 256, 1024, 4, 32, biases=1, seed=1000 + it)
                 inputs = [inputs_of(it_case, n, r) for r in range(n)]
                 refs = reference_dispatch(it_case, n, inputs)
