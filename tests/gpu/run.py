@@ -18,6 +18,7 @@ Ranks: ``--ranks``, else ``$TURNOUT_TEST_RANKS``, else every visible GPU, at
 least 4 (ranks then share GPUs).
 """
 import argparse
+import atexit
 import importlib
 import json
 import os
@@ -77,7 +78,11 @@ def worker_main(rank: int, world_size: int, port: int, device: int, tests, start
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=900))
     ctx = harness.Context(rank, world_size, device)
+    # A worker that leaves early through Python's exit path says where it was.
+    at = {"test": None, "done": False}
+    atexit.register(lambda: at["done"] or sys.stderr.write(f"rank {rank}: worker exiting during test {at['test']}\n"))
     for index in range(start, len(tests)):
+        at["test"] = index
         module_name, fn_name, _ = tests[index]
         fn = getattr(importlib.import_module(module_name), fn_name)
         dist.barrier()
@@ -95,6 +100,7 @@ def worker_main(rank: int, world_size: int, port: int, device: int, tests, start
         torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
+    at["done"] = True
 
 
 # ---------------------------------------------------------------------------------------------------------------
