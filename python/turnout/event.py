@@ -1,7 +1,21 @@
-"""EventOverlap: an optional CUDA event with the tensors that must outlive it."""
+"""EventOverlap: an optional CUDA event with the tensors that must outlive it;
+EventHandle: DeepEP's event recorded where it is made."""
 from typing import Any, Optional, Tuple
 
 import torch
+
+
+class EventHandle(torch.cuda.Event):
+    """DeepEP's ``EventHandle``: a CUDA event recorded on the current stream when
+    it is made (``EventOverlap(EventHandle())`` marks "everything issued so
+    far"). It is a ``torch.cuda.Event``, so every op takes it where it takes one."""
+
+    def __init__(self) -> None:
+        self.record(torch.cuda.current_stream())
+
+    def current_stream_wait(self) -> None:
+        """Make the current CUDA stream wait for the event."""
+        torch.cuda.current_stream().wait_event(self)
 
 
 class EventOverlap:

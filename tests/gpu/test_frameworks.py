@@ -1,0 +1,178 @@
+"""The training and serving frameworks' normal-mode calls, written the way each
+framework writes them, against the host reference: Megatron-LM / torchtitan
+(deep_ep.utils events, async ops on the communication stream, weighted combine
+and cached dispatch in backward), vLLM (the deep_ep alias found by find_spec,
+keyword construction, a WeakValueDictionary, set_num_sms, capture()) and SGLang
+(positional sizes, Config(**kwargs), expert_alignment=128)."""
+import importlib
+import importlib.util
+import sys
+import tempfile
+import weakref
+
+import torch
+
+import turnout
+from harness import assert_equal
+from intranode_cases import (Case, check_combine, check_dispatch, combine_inputs, inputs_of, nvl_bytes,
+                             reference_combine, reference_dispatch, x_on_device)
+
+CASE = Case("uniform", 512, 2048, 8, 64)
+
+
+def group_inputs(ctx, case: Case, n: int):
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    return inputs, reference_dispatch(case, n, inputs)
+
+
+def test_megatron_and_torchtitan_calls(ctx):
+    from turnout.utils import EventHandle, EventOverlap
+
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        size = nvl_bytes(CASE.hidden, n)
+        buf = turnout.Buffer(g, num_nvl_bytes=size, explicitly_destroy=True)
+        try:
+            assert buf.group is g and buf.num_nvl_bytes == size and buf.num_rdma_bytes == 0, \
+                f"group/num_nvl_bytes/num_rdma_bytes: {buf.group}, {buf.num_nvl_bytes}, {buf.num_rdma_bytes}"
+            inputs, refs = group_inputs(ctx, CASE, n)
+            mine = inputs[ctx.rank]
+            x = x_on_device(mine.x, ctx.device)
+            topk_idx = mine.topk_idx.to(ctx.device)
+            weights = mine.topk_weights.to(ctx.device)
+
+            # Forward dispatch (fused_dispatch): every step async on the comm stream.
+            previous_event = EventOverlap(EventHandle())
+            per_rank, per_rdma, per_expert, in_rank, event = buf.get_dispatch_layout(
+                topk_idx, CASE.experts, previous_event=previous_event, async_finish=True,
+                allocate_on_comm_stream=True)
+            out = buf.dispatch(x, topk_idx=topk_idx, topk_weights=weights, num_tokens_per_rank=per_rank,
+                               num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+                               num_tokens_per_expert=per_expert, previous_event=event, async_finish=True,
+                               allocate_on_comm_stream=True)
+            out[5].current_stream_wait()
+            check_dispatch(out, refs[ctx.rank], CASE, f"n={n} megatron dispatch")
+            handle = out[4]
+
+            # Backward of dispatch: a combine weighted by the received top-k weights.
+            grad, _ = combine_inputs(CASE, n, ctx.rank, refs[ctx.rank].num_recv)
+            back = buf.combine(grad.to(ctx.device), handle, topk_weights=out[2],
+                               previous_event=EventOverlap(EventHandle()), async_finish=True,
+                               allocate_on_comm_stream=True)
+            back[2].current_stream_wait()
+            check_combine(back, reference_combine(CASE, n, refs)[ctx.rank], CASE, f"n={n} megatron combine")
+
+            # Backward of combine: a cached dispatch of the output gradient from the handle.
+            new_x = [torch.randn(CASE.tokens, CASE.hidden, generator=torch.Generator().manual_seed(300 + r)).bfloat16()
+                     for r in range(n)]
+            cached_refs = reference_dispatch(CASE, n, inputs, x_override=new_x)
+            cached = buf.dispatch(new_x[ctx.rank].to(ctx.device), handle=handle,
+                                  previous_event=EventOverlap(EventHandle()), async_finish=True,
+                                  allocate_on_comm_stream=True)
+            cached[5].current_stream_wait()
+            assert_equal(cached[0].view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch")
+        finally:
+            buf.destroy()
+
+
+test_megatron_and_torchtitan_calls.timeout = 300
+
+
+def test_vllm_calls_through_the_deep_ep_alias(ctx):
+    from turnout import deep_ep_alias
+
+    with tempfile.TemporaryDirectory() as target:
+        deep_ep_alias.install(target)
+        sys.path.insert(0, target)
+        importlib.invalidate_caches()
+        try:
+            assert importlib.util.find_spec("deep_ep") is not None, "find_spec must see the alias"
+            deep_ep = importlib.import_module("deep_ep")
+            assert deep_ep.Buffer is turnout.Buffer, "deep_ep.Buffer is not turnout's"
+            run_vllm_calls(ctx, deep_ep)
+        finally:
+            sys.path.remove(target)
+            for name in [m for m in sys.modules if m == "deep_ep" or m.startswith("deep_ep.")]:
+                del sys.modules[name]
+
+
+def run_vllm_calls(ctx, deep_ep):
+    buffers = weakref.WeakValueDictionary()
+    before = deep_ep.Buffer.num_sms
+    try:
+        deep_ep.Buffer.set_num_sms(16)
+        for n in ctx.sizes():
+            g = ctx.group(n)
+            if g is None:
+                continue
+            buf = deep_ep.Buffer(group=g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), num_rdma_bytes=0,
+                                 low_latency_mode=False, num_qps_per_rank=1, explicitly_destroy=True)
+            buffers[n] = buf
+            try:
+                assert deep_ep.Buffer.get_dispatch_config(n).num_sms == 16, "set_num_sms must reach the configs"
+                inputs, refs = group_inputs(ctx, CASE, n)
+                mine = inputs[ctx.rank]
+                x = x_on_device(mine.x, ctx.device)
+                topk_idx = mine.topk_idx.to(ctx.device)
+                previous_event = buf.capture()
+                assert isinstance(previous_event.event, torch.cuda.Event), "capture() holds a CUDA event"
+                per_rank, per_rdma, per_expert, in_rank, event = buf.get_dispatch_layout(
+                    topk_idx=topk_idx, num_experts=CASE.experts, previous_event=previous_event,
+                    async_finish=False, allocate_on_comm_stream=False)
+                out = buf.dispatch(x=x, handle=None, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                                   is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk_idx,
+                                   topk_weights=mine.topk_weights.to(ctx.device), expert_alignment=1,
+                                   config=deep_ep.Buffer.get_dispatch_config(n), previous_event=previous_event,
+                                   async_finish=True, allocate_on_comm_stream=False)
+                out[5].current_stream_wait()
+                check_dispatch(out, refs[ctx.rank], CASE, f"n={n} vllm dispatch")
+                y, _ = combine_inputs(CASE, n, ctx.rank, refs[ctx.rank].num_recv)
+                back = buf.combine(x=y.to(ctx.device), handle=out[4], topk_weights=out[2],
+                                   config=deep_ep.Buffer.get_combine_config(n), previous_event=buf.capture(),
+                                   async_finish=True, allocate_on_comm_stream=False)
+                torch.cuda.current_stream().wait_event(back[2].event)
+                check_combine(back, reference_combine(CASE, n, refs)[ctx.rank], CASE, f"n={n} vllm combine")
+            finally:
+                buf.destroy()
+            assert n in buffers, "a live buffer must stay in the WeakValueDictionary"
+    finally:
+        deep_ep.Buffer.num_sms = before
+
+
+test_vllm_calls_through_the_deep_ep_alias.timeout = 300
+
+
+def test_sglang_calls(ctx):
+    case = Case("uniform", 512, 2048, 8, 64, alignment=128)
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        config = turnout.Config(**{"num_sms": 24, "num_max_nvl_chunked_send_tokens": 6,
+                                   "num_max_nvl_chunked_recv_tokens": 256, "num_max_rdma_chunked_send_tokens": 6,
+                                   "num_max_rdma_chunked_recv_tokens": 128})
+        buf = turnout.Buffer(g, config.get_nvl_buffer_size_hint(case.hidden * 2, n), 0, low_latency_mode=False,
+                             num_qps_per_rank=1, explicitly_destroy=True)
+        try:
+            inputs, refs = group_inputs(ctx, case, n)
+            mine = inputs[ctx.rank]
+            topk_idx = mine.topk_idx.to(ctx.device)
+            previous_event = turnout.Buffer.capture()
+            per_rank, per_rdma, per_expert, in_rank, event = buf.get_dispatch_layout(
+                topk_idx, case.experts, previous_event=previous_event, async_finish=True,
+                allocate_on_comm_stream=True)
+            out = buf.dispatch(x_on_device(mine.x, ctx.device), topk_idx=topk_idx,
+                               topk_weights=mine.topk_weights.to(ctx.device), num_tokens_per_rank=per_rank,
+                               num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+                               num_tokens_per_expert=per_expert, previous_event=event, async_finish=True,
+                               allocate_on_comm_stream=True, expert_alignment=128, config=config)
+            out[5].current_stream_wait()
+            check_dispatch(out, refs[ctx.rank], case, f"n={n} sglang dispatch")
+            assert all(c % 128 == 0 for c in out[3]), f"counts not aligned to 128: {out[3]}"
+        finally:
+            buf.destroy()
+
+
+test_sglang_calls.timeout = 300
