@@ -4,6 +4,7 @@
 # JSON go to $OUT (or build/out). Prints a short summary last.
 #
 #   SUITE_RANKS="2 8"      extra GPU-suite runs, one per rank count ("" for none)
+#   SUITE_ARGS="-x test_intranode::"  passed to those runs (-k / -x pick tests)
 #   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
 set -uo pipefail
@@ -28,7 +29,7 @@ test_s=$(($(date +%s) - start))
 suite_lines=()
 for n in $suite_ranks; do
   start=$(date +%s)
-  python3 tests/gpu/run.py --ranks "$n" > "$out/suite-$n.log" 2>&1
+  python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/suite-$n.log" 2>&1
   suite_lines+=("GPU suite --ranks $n: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/suite-$n.log")")
 done
 bench_status=skipped
