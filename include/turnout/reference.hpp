@@ -117,9 +117,11 @@ struct NormalCombineResult {
 };
 
 // dispatch: the result of normal_dispatch that produced the receive order of ranks[r].x.
+// only_rank >= 0: compute that rank's result alone (the others stay empty), which
+// is what one rank of a test needs: 1/R of the sums.
 std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInput> ranks,
                                                 std::span<const NormalDispatchResult> dispatch,
-                                                int hidden, int num_topk);
+                                                int hidden, int num_topk, int only_rank = -1);
 
 // ---------------------------------------------------------------------------
 // Low-latency dispatch and combine, all ranks at once

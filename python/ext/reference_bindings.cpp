@@ -119,7 +119,7 @@ std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x
 }
 
 nb::list normal_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0, const nb::list& bias1,
-                        const std::vector<DispatchResult>& dispatch, int hidden, int num_topk) {
+                        const std::vector<DispatchResult>& dispatch, int hidden, int num_topk, int only_rank) {
   std::vector<reference::NormalCombineInput> inputs(x.size());
   std::vector<reference::NormalDispatchResult> results;
   for (size_t r = 0; r < inputs.size(); ++r) {
@@ -129,9 +129,13 @@ nb::list normal_combine(const nb::list& x, const nb::list& topk_weights, const n
     inputs[r].bias1 = list_item<uint16_t>(bias1, r, "bias1");
     results.push_back(dispatch.at(r).r);
   }
-  auto combined = reference::normal_combine(inputs, results, hidden, num_topk);
+  auto combined = reference::normal_combine(inputs, results, hidden, num_topk, only_rank);
   nb::list out;
   for (size_t r = 0; r < combined.size(); ++r) {
+    if (only_rank >= 0 && r != static_cast<size_t>(only_rank)) {
+      out.append(nb::none());
+      continue;
+    }
     const size_t t = results[r].num_tokens;
     out.append(nb::make_tuple(to_numpy(std::move(combined[r].combined_x), {t, size_t(hidden)}),
                               to_numpy(std::move(combined[r].combined_topk_weights), {t, size_t(num_topk)})));
@@ -176,7 +180,9 @@ void bind_reference(nb::module_& m) {
         "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a,
         "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");
   m.def("normal_combine", &normal_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a, "hidden"_a,
-        "num_topk"_a, "Every rank's fp64 combine result: a list of (combined_x, combined_topk_weights).");
+        "num_topk"_a, "only_rank"_a = -1,
+        "Every rank's fp64 combine result: a list of (combined_x, combined_topk_weights); with only_rank >= 0, "
+        "that rank's alone (None for the others).");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -123,8 +123,11 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
 
 std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInput> ranks,
                                                 std::span<const NormalDispatchResult> dispatch,
-                                                int hidden, int num_topk) {
+                                                int hidden, int num_topk, int only_rank) {
   if (ranks.empty()) throw std::invalid_argument("ranks: need at least one rank");
+  if (only_rank < -1 || only_rank >= static_cast<int>(ranks.size()))
+    throw std::invalid_argument("only_rank: must be -1 or a rank in [0, " + std::to_string(ranks.size()) +
+                                "), got " + std::to_string(only_rank));
   if (dispatch.size() != ranks.size())
     throw std::invalid_argument("dispatch: expected one result per rank (" +
                                 std::to_string(ranks.size()) + "), got " +
@@ -150,8 +153,10 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
     if (!ranks[r].bias1.empty()) expect_size(ranks[r].bias1.size(), own_tokens * h, r, "bias1");
   }
 
+  const auto wanted = [&](size_t s) { return only_rank < 0 || s == static_cast<size_t>(only_rank); };
   std::vector<NormalCombineResult> results(num_ranks);
   for (size_t s = 0; s < num_ranks; ++s) {
+    if (!wanted(s)) continue;
     results[s].combined_x.assign(static_cast<size_t>(dispatch[s].num_tokens) * h, 0.0);
     results[s].combined_topk_weights.assign(static_cast<size_t>(dispatch[s].num_tokens) * k_count,
                                             0.0);
@@ -168,6 +173,7 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
                                     std::to_string(row) + " names source (" +
                                     std::to_string(src) + ", " + std::to_string(tok) +
                                     ") that does not exist");
+      if (!wanted(static_cast<size_t>(src))) continue;
       double* dst_x = &results[src].combined_x[static_cast<size_t>(tok) * h];
       for (size_t c = 0; c < h; ++c) dst_x[c] += bf16_to_float(ranks[r].x[row * h + c]);
       double* dst_w = results[src].combined_topk_weights.data() + static_cast<size_t>(tok) * k_count;
@@ -176,6 +182,7 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
   }
   // Biases are added once per token, after the received rows.
   for (size_t s = 0; s < num_ranks; ++s) {
+    if (!wanted(s)) continue;
     std::vector<double>& out = results[s].combined_x;
     for (size_t i = 0; i < ranks[s].bias0.size(); ++i) out[i] += bf16_to_float(ranks[s].bias0[i]);
     for (size_t i = 0; i < ranks[s].bias1.size(); ++i) out[i] += bf16_to_float(ranks[s].bias1[i]);

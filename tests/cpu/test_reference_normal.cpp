@@ -274,6 +274,32 @@ TEST(ReferenceNormal, RandomDispatchMatchesLayout) {
   }
 }
 
+TEST(ReferenceNormal, OneRanksCombineEqualsItsPartOfTheWhole) {
+  const RandomCase c = make_random_case(21, 4, 16, 4, 128);
+  const auto out = ref::normal_dispatch(c.inputs, random_params(c, 1));
+  std::vector<ref::NormalCombineInput> back(c.num_ranks);
+  for (int r = 0; r < c.num_ranks; ++r) {
+    back[r].x = bytes_to_bf16(out[r].recv_x);
+    back[r].topk_weights = out[r].recv_topk_weights;
+    back[r].bias0.assign(static_cast<size_t>(out[r].num_tokens) * c.hidden, ref::float_to_bf16(0.5f + r));
+  }
+  const auto all = ref::normal_combine(back, out, c.hidden, c.num_topk);
+  for (int only = 0; only < c.num_ranks; ++only) {
+    const auto one = ref::normal_combine(back, out, c.hidden, c.num_topk, only);
+    for (int s = 0; s < c.num_ranks; ++s) {
+      if (s == only) {
+        EXPECT_EQ(one[s].combined_x, all[s].combined_x) << "rank " << s;
+        EXPECT_EQ(one[s].combined_topk_weights, all[s].combined_topk_weights) << "rank " << s;
+        EXPECT_EQ(one[s].combined_x.size(), static_cast<size_t>(out[s].num_tokens) * c.hidden) << "rank " << s;
+      } else {
+        EXPECT_TRUE(one[s].combined_x.empty() && one[s].combined_topk_weights.empty()) << "rank " << s;
+      }
+    }
+  }
+  EXPECT_THROW(ref::normal_combine(back, out, c.hidden, c.num_topk, c.num_ranks), std::invalid_argument);
+  EXPECT_THROW(ref::normal_combine(back, out, c.hidden, c.num_topk, -2), std::invalid_argument);
+}
+
 TEST(ReferenceNormal, RandomRoundTripSumsOncePerReachedRank) {
   for (uint32_t seed = 11; seed <= 14; ++seed) {
     const RandomCase c = make_random_case(seed, 4, 16, 4, 128);

@@ -140,24 +140,28 @@ def check_dispatch(out, ref, case: Case, what: str, worst: int = 0) -> None:
         assert bool((recv_src_idx[n_ref:] == -1).all()), f"{what}: padding rows must have source index -1"
 
 
-def combine_inputs(case: Case, n: int, rank: int, num_rows: int) -> Tuple[torch.Tensor, Optional[tuple]]:
+def combine_inputs(case: Case, n: int, rank: int, num_rows: int,
+                   with_biases: bool = True) -> Tuple[torch.Tensor, Optional[tuple]]:
     gen = generator("combine", case, n, rank)
     x = torch.randn(num_rows, case.hidden, generator=gen).bfloat16()
     t = case.tokens_of(rank)
-    biases = tuple(torch.randn(t, case.hidden, generator=gen).bfloat16() for _ in range(case.biases))
+    biases = tuple(torch.randn(t, case.hidden, generator=gen).bfloat16() for _ in range(case.biases)) \
+        if with_biases else ()
     return x, biases
 
 
-def reference_combine(case: Case, n: int, refs, rows_of=None):
-    """Every rank's fp64 combine of combine_inputs over the reference receive order."""
+def reference_combine(case: Case, n: int, refs, rank: int):
+    """``rank``'s fp64 combine of combine_inputs over the reference receive
+    order: (combined_x, combined_topk_weights). Every rank's rows are drawn (any
+    may hold rank's tokens); only rank's sums and biases are computed."""
     xs, ws, b0, b1 = [], [], [], []
     for r in range(n):
-        x, biases = combine_inputs(case, n, r, refs[r].num_recv)
+        x, biases = combine_inputs(case, n, r, refs[r].num_recv, with_biases=r == rank)
         xs.append(x.view(torch.int16).numpy().view(np.uint16))
         ws.append(refs[r].recv_topk_weights if case.topk else None)
         b0.append(biases[0].view(torch.int16).numpy().view(np.uint16) if len(biases) > 0 else None)
         b1.append(biases[1].view(torch.int16).numpy().view(np.uint16) if len(biases) > 1 else None)
-    return turnout._C.reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk)
+    return turnout._C.reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk, only_rank=rank)[rank]
 
 
 def combine(buf, case: Case, n: int, rank: int, out, device, worst: int = 0, **kwargs):

@@ -62,7 +62,7 @@ def test_megatron_and_torchtitan_calls(ctx):
                                previous_event=EventOverlap(EventHandle()), async_finish=True,
                                allocate_on_comm_stream=True)
             back[2].current_stream_wait()
-            check_combine(back, reference_combine(CASE, n, refs)[ctx.rank], CASE, f"n={n} megatron combine")
+            check_combine(back, reference_combine(CASE, n, refs, ctx.rank), CASE, f"n={n} megatron combine")
 
             # Backward of combine: a cached dispatch of the output gradient from the handle.
             new_x = [torch.randn(CASE.tokens, CASE.hidden, generator=torch.Generator().manual_seed(300 + r)).bfloat16()
@@ -133,7 +133,7 @@ def run_vllm_calls(ctx, deep_ep):
                                    config=deep_ep.Buffer.get_combine_config(n), previous_event=buf.capture(),
                                    async_finish=True, allocate_on_comm_stream=False)
                 torch.cuda.current_stream().wait_event(back[2].event)
-                check_combine(back, reference_combine(CASE, n, refs)[ctx.rank], CASE, f"n={n} vllm combine")
+                check_combine(back, reference_combine(CASE, n, refs, ctx.rank), CASE, f"n={n} vllm combine")
             finally:
                 buf.destroy()
             assert n in buffers, "a live buffer must stay in the WeakValueDictionary"

@@ -33,7 +33,7 @@ def run_case(ctx, buf, case: Case, n: int, what: str, **kwargs):
     back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
     if kwargs.get("async_finish"):
         back[-1].current_stream_wait()
-    check_combine(back, reference_combine(case, n, refs)[ctx.rank], case, what)
+    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
     return inputs, refs, out
 
 
@@ -172,7 +172,7 @@ def test_worst_tokens_in_cuda_graph(ctx):
                 torch.cuda.synchronize()
                 what = f"n={n} replay {it}"
                 check_dispatch(out, refs[ctx.rank], it_case, what, worst=worst)
-                check_combine(back, reference_combine(it_case, n, refs)[ctx.rank], it_case, what)
+                check_combine(back, reference_combine(it_case, n, refs, ctx.rank), it_case, what)
             del graph
         finally:
             buf.destroy()

@@ -19,7 +19,7 @@ def assert_works(ctx, buf, n: int, what: str, case: Case = CASE, **kwargs) -> No
     out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
     check_dispatch(out, refs[ctx.rank], case, what)
     back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
-    check_combine(back, reference_combine(case, n, refs)[ctx.rank], case, what)
+    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
 
 
 def test_bad_dispatch_and_combine_arguments(ctx):
