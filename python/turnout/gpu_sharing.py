@@ -62,7 +62,7 @@ def sm_percentage(ranks_on_gpu: int) -> str:
     return f"{int(10000 / ranks_on_gpu) / 100:g}"
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -147,13 +147,13 @@ class MpsDaemon:
                                    capture_output=True, text=True, timeout=STOP_TIMEOUT_S)
             if self.pid is not None:
                 deadline = time.monotonic() + STOP_TIMEOUT_S
-                while _process_alive(self.pid) and time.monotonic() < deadline:
+                while process_alive(self.pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                if _process_alive(self.pid):
+                if process_alive(self.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(self.pid, signal.SIGKILL)
                     deadline = time.monotonic() + 5.0
-                    while _process_alive(self.pid) and time.monotonic() < deadline:
+                    while process_alive(self.pid) and time.monotonic() < deadline:
                         time.sleep(0.02)
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -161,7 +161,7 @@ class MpsDaemon:
             self.started = False
 
     def running(self) -> bool:
-        return self.pid is not None and self.folder is not None and _process_alive(self.pid)
+        return self.pid is not None and self.folder is not None and process_alive(self.pid)
 
 
 def _main_thread() -> bool:

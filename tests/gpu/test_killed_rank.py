@@ -9,17 +9,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from turnout.gpu_sharing import process_alive
+
 TIMEOUT_S = 3.0
 HOST_GRACE_S = 2.0
 VICTIM = 1
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_killed_rank_makes_the_others_time_out(ctx):
@@ -54,7 +48,7 @@ def test_killed_rank_makes_the_others_time_out(ctx):
     pids = {records[r]["daemon_pid"] for r in records}
     if pids != {None}:
         (pid,) = pids
-        assert not alive(pid), f"the job's MPS daemon (pid {pid}) still runs after the job ended"
+        assert not process_alive(pid), f"the job's MPS daemon (pid {pid}) still runs after the job ended"
         folder_of = {os.path.dirname(records[r]["mps_pipe"]) for r in records}
         assert not any(os.path.exists(p) for p in folder_of), f"the job's MPS folder remains: {folder_of}"
 
