@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "kernels/intranode/launch.hpp"
 #include "kernels/launch.hpp"
 #include "runtime/control_region.hpp"
+#include "runtime/host_wait.hpp"
 #include "runtime/sm_budget.hpp"
 #include "turnout/error.hpp"
 
@@ -217,24 +217,24 @@ void Buffer::join(cudaStream_t waiter, cudaStream_t waited) {
 void Buffer::synchronize(cudaStream_t stream, const char* op) {
   require_alive(op);
   TURNOUT_CUDA_CHECK(cudaEventRecord(sync_event_.get(), stream));
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration<double>(timeout_s_ + kHostGraceS);
-  for (;;) {
+  const auto deadline = HostClock::now() + std::chrono::duration_cast<HostClock::duration>(
+                                               std::chrono::duration<double>(timeout_s_ + kHostGraceS));
+  const auto done = [&] {
     const cudaError_t st = cudaEventQuery(sync_event_.get());
-    if (st == cudaSuccess) break;
-    if (st != cudaErrorNotReady) detail::throw_cuda_error(st, "cudaEventQuery", __FILE__, __LINE__);
-    // A timeout ends the wait at once (the kernels drain by themselves); an
-    // input error is raised once the work is done, so clearing it cannot race
-    // with a kernel that is still recording.
+    if (st != cudaSuccess && st != cudaErrorNotReady)
+      detail::throw_cuda_error(st, "cudaEventQuery", __FILE__, __LINE__);
+    return st == cudaSuccess;
+  };
+  // A timeout ends the wait at once (the kernels drain by themselves); an
+  // input error is raised once the work is done, so clearing it cannot race
+  // with a kernel that is still recording. Most waits are microseconds: poll
+  // back to back briefly, then stop burning a core.
+  const auto timed_out = [&] {
     if (errors_.timed_out()) check_errors(op);
-    const auto now = Clock::now();
-    if (now > deadline)
-      throw TimeoutError(std::string(op) + ": rank " + std::to_string(topology_.rank) +
-                         ": the GPU did not finish within " + std::to_string(timeout_s_ + kHostGraceS) + " s");
-    // Spin briefly (most waits are microseconds), then stop burning a core.
-    if (now - start > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  };
+  if (!host_wait(op, deadline, {std::chrono::microseconds(200), std::chrono::microseconds(50)}, done, timed_out))
+    throw TimeoutError(std::string(op) + ": rank " + std::to_string(topology_.rank) +
+                       ": the GPU did not finish within " + std::to_string(timeout_s_ + kHostGraceS) + " s");
   check_errors(op);
 }
 

@@ -33,6 +33,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A host wait stopped because the interrupt check asked it to
+// (turnout/interrupt.hpp); the GPU work it waited for may still run.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 // A CUDA call failed.
 class CudaError : public Error {
  public:

@@ -7,6 +7,7 @@
 #include "turnout/cuda_resources.hpp"
 #include "turnout/device_error.hpp"
 #include "turnout/error.hpp"
+#include "turnout/interrupt.hpp"
 #include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
 #include "turnout/peer_memory.hpp"

@@ -59,6 +59,9 @@ void join_after(turnout::Buffer& b, uintptr_t s, MaybeStream join_to) {
 void translate_errors(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
+  } catch (const turnout::Interrupted& e) {
+    // The signal handler's own exception (KeyboardInterrupt) is already set.
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const turnout::InvalidArgument& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const turnout::NotSupported& e) {
@@ -68,6 +71,18 @@ void translate_errors(const std::exception_ptr& p, void*) {
   } catch (const turnout::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
+}
+
+// The host waits' interrupt check: runs Python's signal handlers (the waits
+// release the GIL), so Ctrl-C raises KeyboardInterrupt out of a wait.
+bool python_signal_pending() {
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return false;
+#else
+  if (_Py_IsFinalizing()) return false;
+#endif
+  nb::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
 }
 
 // Calls a Python all-gather (bytes -> bytes) from the C++ bootstrap.
@@ -281,6 +296,7 @@ void bind_buffer(nb::module_& m) {
 NB_MODULE(_C, m) {
   m.doc() = "turnout's C++ core";
   nb::register_exception_translator(translate_errors);
+  turnout::set_interrupt_check(python_signal_pending);
   bind_config(m);
   bind_buffer(m);
   m.def("is_sm90_compiled", &turnout::is_sm90_compiled);

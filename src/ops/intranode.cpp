@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "kernels/intranode/launch.hpp"
 #include "ops/require.hpp"
+#include "runtime/host_wait.hpp"
 #include "runtime/control_region.hpp"
 #include "turnout/buffer.hpp"
 #include "turnout/config.hpp"
@@ -140,26 +140,22 @@ DispatchCounts Buffer::wait_dispatch_counts() {
 // The one host wait of the normal path.
 DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
   const auto* host_box = static_cast<const kernels::RecvCountsMailbox*>(recv_counts_.get());
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration<double>(timeout_s_ + kHostGraceS);
+  const auto start = HostClock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<HostClock::duration>(std::chrono::duration<double>(timeout_s_ + kHostGraceS));
   const volatile int32_t* seen = &host_box->sequence;
-  while (*seen != sequence) {
-    if (errors_.timed_out()) check_errors(op);
-    const auto now = Clock::now();
-    if (now > deadline)
-      throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) +
-                         ": the receive counts did not arrive within " + std::to_string(timeout_s_ + kHostGraceS) +
-                         " s");
-    // A sleep costs the timer slack (~50 us) after the counts land, so the
-    // first second only yields; a wait that long hides a sleep's cost.
-    if (now - start < std::chrono::seconds(1))
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  // A sleep costs the timer slack (~50 us) after the counts land, so the first
+  // second only yields; a wait that long hides a sleep's cost.
+  const bool arrived = host_wait(
+      op, deadline, {std::chrono::seconds(1), std::chrono::microseconds(50)}, [&] { return *seen == sequence; },
+      [&] {
+        if (errors_.timed_out()) check_errors(op);
+      });
+  if (!arrived)
+    throw TimeoutError(std::string(op) + ": rank " + str(topology_.rank) +
+                       ": the receive counts did not arrive within " + std::to_string(timeout_s_ + kHostGraceS) + " s");
   std::atomic_thread_fence(std::memory_order_acquire);
-  last_host_wait_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+  last_host_wait_s_ = std::chrono::duration<double>(HostClock::now() - start).count();
   // A bad input on any rank (recorded before the counts were posted).
   check_errors(op);
   DispatchCounts out;

@@ -2,6 +2,8 @@
 the job can then build a new buffer. The timeout's sources: argument, env."""
 import contextlib
 import os
+import signal
+import threading
 import time
 import zlib
 
@@ -102,3 +104,42 @@ def test_timeout_from_environment(ctx):
 
 
 test_timeout_from_environment.timeout = 120
+
+
+def test_ctrl_c_ends_a_host_wait(ctx):
+    """SIGINT while the host waits for the GPU raises KeyboardInterrupt within a
+    second, long before the work is done, and the buffer still works after."""
+    n = max(ctx.sizes())
+    g = ctx.group(n)
+    if g is None:
+        return
+    buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=30.0)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        stream = buf.get_comm_stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(8_000_000_000)  # seconds of GPU time at any clock this chip runs
+            busy = torch.cuda.Event()
+            busy.record(stream)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        try:
+            assert_raises(KeyboardInterrupt, lambda: buf._native.synchronize(stream.cuda_stream, "the test's wait"))
+        finally:
+            timer.cancel()
+        elapsed = time.monotonic() - start
+        assert not busy.query(), "the GPU work was already done: the wait was not cut short"
+        assert elapsed < 0.3 + 1.0, f"KeyboardInterrupt came {elapsed:.2f} s after the wait began (SIGINT at 0.3 s)"
+        torch.cuda.synchronize()
+        topk_idx = routing.uniform(256, 8 * n, 4, generator("after ctrl-c", n, ctx.rank), ctx.device)
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
+        ref = turnout._C.reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
+        assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after Ctrl-C")
+        assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after Ctrl-C")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        buf.destroy()
+
+
+test_ctrl_c_ends_a_host_wait.timeout = 120
