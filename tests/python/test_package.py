@@ -158,3 +158,26 @@ def test_rows_must_start_16_byte_aligned():
     _check_aligned("dispatch", "x", flat[8:].view(8, 8))  # 16 bytes in: aligned when flat is
     with pytest.raises(ValueError, match=r"dispatch: x must be starting at a 16-byte aligned address"):
         _check_aligned("dispatch", "x", flat[1:65].view(8, 8))
+
+
+def test_buffer_can_live_in_a_weak_value_dictionary():
+    """vLLM keeps its buffers in a weakref.WeakValueDictionary."""
+    assert Buffer.__weakrefoffset__ != 0, "Buffer instances must accept weak references"
+
+
+@needs_gpu
+def test_event_handle_marks_the_current_stream():
+    """EventOverlap(EventHandle()), as Megatron-LM builds it: the event follows
+    the work issued so far on the current stream."""
+    from turnout.utils import EventHandle, EventOverlap
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)
+        handle = EventHandle()
+    assert isinstance(handle, torch.cuda.Event)
+    assert not handle.query(), "the handle must follow the sleep issued before it"
+    with EventOverlap(handle):
+        pass  # leaving the block makes the current stream wait
+    torch.cuda.current_stream().synchronize()
+    assert handle.query(), "the current stream waited, so the handle's work is done"
