@@ -56,12 +56,38 @@ void join_after(turnout::Buffer& b, uintptr_t s, MaybeStream join_to) {
   if (join_to) b.join(stream(*join_to), stream(s));
 }
 
+// What the interrupt check took out of Python's error state: a wait whose
+// Interrupted the core catches itself (destroy) must not leave it set, so the
+// translator puts it back only when the exception reaches Python.
+struct SignalError {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+};
+thread_local SignalError t_signal_error;
+
+// GIL held.
+void stash_signal_error() {
+  Py_XDECREF(t_signal_error.type);
+  Py_XDECREF(t_signal_error.value);
+  Py_XDECREF(t_signal_error.traceback);
+  PyErr_Fetch(&t_signal_error.type, &t_signal_error.value, &t_signal_error.traceback);
+}
+
+// GIL held. True if there was one to put back.
+bool restore_signal_error() {
+  if (!t_signal_error.type) return false;
+  PyErr_Restore(t_signal_error.type, t_signal_error.value, t_signal_error.traceback);
+  t_signal_error = {};
+  return true;
+}
+
 void translate_errors(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const turnout::Interrupted& e) {
-    // The signal handler's own exception (KeyboardInterrupt) is already set.
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+    // The signal handler's own exception (KeyboardInterrupt, or the user's).
+    if (!restore_signal_error()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const turnout::InvalidArgument& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const turnout::NotSupported& e) {
@@ -82,7 +108,9 @@ bool python_signal_pending() {
   if (_Py_IsFinalizing()) return false;
 #endif
   nb::gil_scoped_acquire gil;
-  return PyErr_CheckSignals() != 0;
+  if (PyErr_CheckSignals() == 0) return false;
+  stash_signal_error();
+  return true;
 }
 
 // Calls a Python all-gather (bytes -> bytes) from the C++ bootstrap.
