@@ -67,7 +67,7 @@ def run_on_local_gpus(fn: Callable, args: Sequence[Any] = (), num_ranks: Optiona
     if num_devices < 1:
         raise RuntimeError("run_on_local_gpus: no CUDA device is visible")
     world_size = num_ranks or num_devices
-    if backend == "nccl" and world_size > num_devices:
+    if backend == "nccl" and gpus_shared(world_size):
         backend = "gloo"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
