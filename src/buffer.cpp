@@ -21,6 +21,8 @@ constexpr double kDefaultTimeoutS = 100.0;
 // The host gives the kernels' own timeout this much longer before it gives up
 // on the GPU altogether.
 constexpr double kHostGraceS = 2.0;
+// Layout workspaces: the eager calls' one, then one per captured call.
+constexpr size_t kLayoutPoolBytes = 4 << 20;
 
 struct RankInfo {
   uint64_t host_id;
@@ -83,16 +85,12 @@ Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
   void* user[kMaxNvlRanks] = {};
   for (int i = 0; i < topology_.num_nvl_ranks; ++i) user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
   peer_user_table_ = allocate_device(sizeof(user));
-  layout_workspace_ = allocate_device(kLayoutWorkspaceBytes);
-  TURNOUT_CUDA_CHECK(cudaMemset(layout_workspace_.get(), 0, kLayoutWorkspaceBytes));
+  layout_pool_ = allocate_device(kLayoutPoolBytes);
+  TURNOUT_CUDA_CHECK(cudaMemset(layout_pool_.get(), 0, kLayoutPoolBytes));
+  layout_pool_used_ = kLayoutWorkspaceBytes;
   recv_counts_ = allocate_host_mapped(kernels::kMailboxBytes);
   std::memset(recv_counts_.get(), 0, kernels::kMailboxBytes);
   TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&recv_counts_device_, recv_counts_.get(), 0));
-  dispatch_outputs_ = allocate_host_mapped(sizeof(kernels::OutputsMailbox));
-  std::memset(dispatch_outputs_.get(), 0, sizeof(kernels::OutputsMailbox));
-  TURNOUT_CUDA_CHECK(cudaHostGetDevicePointer(&dispatch_outputs_device_, dispatch_outputs_.get(), 0));
-  outputs_relay_ = allocate_device(sizeof(kernels::OutputsMailbox));
-  TURNOUT_CUDA_CHECK(cudaMemset(outputs_relay_.get(), 0, sizeof(kernels::OutputsMailbox)));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
 }
 
@@ -106,8 +104,6 @@ Buffer::~Buffer() {
 
 void Buffer::destroy() {
   if (!nvl_) return;
-  // A receive side still waiting for its outputs would hold the sync below.
-  drop_dispatch_outputs();
   // Peers may still be reading or writing our memory: meet them first, unless
   // a peer already failed to arrive (then a barrier would only wait again).
   cudaError_t st = cudaDeviceSynchronize();
@@ -121,27 +117,14 @@ void Buffer::destroy() {
     }
   }
   peer_user_table_.reset();
-  layout_workspace_.reset();
+  layout_pool_.reset();
   recv_counts_.reset();
-  dispatch_outputs_.reset();
-  outputs_relay_.reset();
   nvl_.reset();
   sync_event_.reset();
   join_event_.reset();
   owned_comm_stream_.reset();
   comm_stream_ = nullptr;
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
-}
-
-size_t Buffer::free_device_bytes() const {
-  int current = 0;
-  TURNOUT_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(device_));
-  size_t free = 0, total = 0;
-  const cudaError_t st = cudaMemGetInfo(&free, &total);
-  if (current != device_) TURNOUT_CUDA_CHECK(cudaSetDevice(current));
-  TURNOUT_CUDA_CHECK(st);
-  return free;
 }
 
 void Buffer::require_alive(const char* op) const {
@@ -158,22 +141,41 @@ void* const* Buffer::peer_nvl_table() const {
   return static_cast<void* const*>(peer_user_table_.get());
 }
 
-void Buffer::check_errors(const char* op) { errors_.check(op, topology_.nvl_peer_rank(0)); }
+void Buffer::check_errors(const char* op) { errors_.check(op, topology_.nvl_peer_rank(0), last_dispatch_call_); }
 
-kernels::WaitContext Buffer::wait_context() const {
-  return {errors_.device(), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank, topology_.nvl_peer_rank(0)};
+kernels::WaitContext Buffer::wait_context(OpKind op) const {
+  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank,
+          topology_.nvl_peer_rank(0)};
 }
 
 void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
-  require_alive("get_dispatch_layout");
-  check_errors("get_dispatch_layout");
-  turnout::get_dispatch_layout(args, topology_, errors_.device(), layout_workspace_.get(), stream);
+  const char* op = "get_dispatch_layout";
+  require_alive(op);
+  // A local op: an error left by an earlier call is raised before the launch.
+  check_errors(op);
+  // A captured call gets a workspace of its own, so that its replays cannot
+  // overlap an eager call (or another graph) on the same counters.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  void* workspace = layout_pool_.get();
+  if (capture != cudaStreamCaptureStatusNone) {
+    const int counters = args.num_experts + topology_.num_ranks + topology_.num_rdma_ranks();
+    const size_t bytes = (layout_workspace_bytes(counters) + 127) / 128 * 128;
+    if (counters > kMaxLayoutCounters || layout_pool_used_ + bytes > kLayoutPoolBytes)
+      throw NotSupported(std::string(op) + ": this buffer has no layout workspace left for another captured call (" +
+                         std::to_string(kLayoutPoolBytes - kLayoutWorkspaceBytes) + " bytes, " +
+                         std::to_string(bytes) + " per captured call)");
+    workspace = static_cast<char*>(layout_pool_.get()) + layout_pool_used_;
+    layout_pool_used_ += bytes;
+  }
+  turnout::get_dispatch_layout(args, topology_, errors_.device(OpKind::kLayout, ++calls_), workspace, stream);
 }
 
 void Buffer::barrier(cudaStream_t stream) {
   require_alive("barrier");
   check_errors("barrier");
-  const kernels::WaitContext ctx = wait_context();
+  ++calls_;
+  const kernels::WaitContext ctx = wait_context(OpKind::kBarrier);
   kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks, ctx, stream);
 }
 

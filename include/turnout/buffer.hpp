@@ -68,35 +68,34 @@ class Buffer {
   // Device table of every NVL peer's user-visible buffer (kMaxNvlRanks entries).
   void* const* peer_nvl_table() const;
 
-  // The ops of one Buffer share its work areas: issue them so they do not
-  // overlap (one stream, as the Python layer does, or joined streams).
+  // Errors a kernel finds (a timeout, a bad expert id, a receive count over
+  // num_worst_tokens, a handle that does not fit) are raised by a later call:
+  // the local op (layout) before its launch, the collective ones after all
+  // their launches, so that no peer waits for a kernel this rank skipped; a
+  // dispatch that waits for its counts raises there the errors of its own
+  // call, on every rank. The message names the call that caused the error.
+  // check_errors raises them at any time (after a CUDA-graph replay, say).
+
+  // Layout adds into a workspace that each call leaves zeroed. A call
+  // captured in a CUDA graph gets one of its own (4 MB hold about 3600
+  // with 256 experts), so replays may overlap eager calls; eager calls share one,
+  // so they must not overlap each other (one stream, as the Python layer).
   void get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream);
 
+  // The collective ops of one Buffer share its work areas: issue them so they
+  // do not overlap (one stream, as the Python layer does, or joined streams).
   // Intranode dispatch, step 1: exchange the counts. Unless num_worst_tokens >
   // 0 the host then waits for them (bounded by the timeout; a TimeoutError
-  // names the ranks that did not answer) and returns the receive sizes.
+  // names the ranks that did not answer) and returns the receive sizes; that
+  // wait is refused while `stream` is capturing a CUDA graph.
   DispatchCounts dispatch_counts(const DispatchCountsArgs& args, cudaStream_t stream);
   // Step 2: move the tokens into outputs sized from step 1 (or the handle).
   void dispatch(const DispatchArgs& args, cudaStream_t stream);
-  // The host wait of a dispatch_counts with defer_wait. If it throws, the
-  // outputs of a dispatch launched with outputs_later are dropped.
-  DispatchCounts wait_dispatch_counts();
-  // Gives the receive side of a dispatch launched with outputs_later its
-  // outputs, sized from wait_dispatch_counts. Every such dispatch needs this
-  // or drop_dispatch_outputs before the next op of the Buffer.
-  void set_dispatch_outputs(const DispatchOutputs& out);
-  // Instead: the receive side drains its rings without writing, so the peers
-  // finish. Does nothing if no dispatch waits for its outputs.
-  void drop_dispatch_outputs();
   // Seconds the last host wait for receive counts took, until they arrived:
   // what a dispatch's host time is counted without.
   double last_host_wait_s() const { return last_host_wait_s_; }
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
-
-  // Bytes the driver can still allocate on this Buffer's device
-  // (cudaMemGetInfo), whatever device is current.
-  size_t free_device_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
   // timeout); a peer that never comes leaves a timeout record.
@@ -124,9 +123,10 @@ class Buffer {
  private:
   void require_alive(const char* op) const;
   int begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
-  void post_dispatch_outputs(const DispatchOutputs& out, bool drop);
-  DispatchCounts wait_recv_counts(const char* op, int32_t sequence);
-  kernels::WaitContext wait_context() const;
+  DispatchCounts wait_recv_counts(const char* op, int32_t sequence, int experts_per_rank);
+  // The wait context of the current call: each op starts one (++calls_), so
+  // that an error names the call that caused it.
+  kernels::WaitContext wait_context(OpKind op) const;
 
   BufferOptions options_;
   double timeout_s_;
@@ -139,21 +139,15 @@ class Buffer {
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
-  DeviceMemory layout_workspace_;
+  DeviceMemory layout_pool_;  // the eager calls' workspace, then the captured calls'
+  size_t layout_pool_used_ = 0;
+  int64_t calls_ = 0;
+  int64_t last_dispatch_call_ = 0;  // the call of the last dispatch launched
   // Where the counts step leaves the receive sizes for the host.
   HostMemory recv_counts_;
   void* recv_counts_device_ = nullptr;
   int32_t recv_counts_sequence_ = 0;
   double last_host_wait_s_ = 0;
-  // The deferred dispatch in flight: the sequence of its counts (0: waited
-  // for, or none), its experts per rank, and the sequence its receive side
-  // waits for in the outputs mailbox (0: none waits).
-  int32_t deferred_sequence_ = 0;
-  int deferred_experts_ = 0;
-  int32_t outputs_sequence_ = 0;
-  HostMemory dispatch_outputs_;
-  void* dispatch_outputs_device_ = nullptr;
-  DeviceMemory outputs_relay_;
   int sm_budget_ = 2;
   int ranks_on_gpu_ = 1;
 };

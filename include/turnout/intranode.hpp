@@ -4,11 +4,7 @@
 // A dispatch is two steps. `dispatch_counts` exchanges the per-rank counts
 // (and, unless num_worst_tokens > 0, waits for them on the host: the receive
 // sizes), then `dispatch` moves the tokens. The caller allocates the outputs
-// in between. Or, so that the tokens start moving while the host waits and
-// allocates: `dispatch_counts` with defer_wait, `dispatch` with
-// outputs_later, then `wait_dispatch_counts` and `set_dispatch_outputs`. In
-// between, the host must not wait for the device (a device sync, a cudaFree):
-// the receive side waits for the host.
+// in between; no kernel ever waits for the host.
 // Combine is one step. All device pointers belong to the caller.
 #pragma once
 
@@ -32,8 +28,6 @@ struct DispatchCountsArgs {
   int num_sms = 20;                                // the config of the dispatch that follows
   int num_max_send_tokens = 8;
   int num_max_recv_tokens = 256;
-  // With a host wait: return at once; Buffer::wait_dispatch_counts waits.
-  bool defer_wait = false;
   // Filled on the device for the handle: rank_prefix_matrix[i][j] = tokens
   // ranks 0..i send rank j.
   int32_t* rank_prefix_matrix = nullptr;
@@ -54,7 +48,7 @@ struct DispatchOutputs {
   float* recv_topk_weights = nullptr;
   int32_t* recv_src_idx = nullptr;   // source token index of each row (-1 on padding); null: not written
   // [R] token count of every source rank, for the handle (combine's channels
-  // need it); null: not written.
+  // need it; -1 after a failed dispatch); null: not written.
   int32_t* source_num_tokens = nullptr;
 };
 
@@ -79,10 +73,9 @@ struct DispatchArgs {
   int num_sms = 20;                       // the same as the counts step's
   int num_max_send_tokens = 8;
   int num_max_recv_tokens = 256;
-  // After a dispatch_counts with defer_wait: launch before the outputs exist
-  // (`out` and num_recv_rows are ignored); the receive side waits for
-  // Buffer::set_dispatch_outputs.
-  bool outputs_later = false;
+  // A dispatch that failed on the device (a bad input on any rank) writes
+  // only: -1 in every source count (so combine refuses the handle) and, with
+  // num_worst_tokens, every row as padding.
   DispatchOutputs out;
 };
 
@@ -94,7 +87,10 @@ struct CombineArgs {
   int num_topk = 0;
   const void* bias0 = nullptr;           // [T, hidden] bf16; null: none
   const void* bias1 = nullptr;
-  // The handle of the dispatch that made the receive order.
+  // The handle of the dispatch that made the receive order. Checked on the
+  // device before anything moves: rank_prefix_matrix's rows for this rank
+  // must fit in num_rows, and a failed dispatch's handle is refused; either
+  // makes every rank skip the call and raise.
   const int32_t* rank_prefix_matrix = nullptr;
   const int32_t* source_num_tokens = nullptr;
   const int32_t* recv_src_idx = nullptr;

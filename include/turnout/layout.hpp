@@ -26,16 +26,19 @@ struct LayoutArgs {
 // live in one block's 48 KB of shared memory.
 inline constexpr int kMaxLayoutCounters = 12 * 1024;
 
-// Device memory the blocks of a call add their counts into: zeroed once before
-// the first call, and left zeroed by every call (the last block to finish
-// copies the totals out and clears them), so no memset precedes the kernel.
-// Calls that share a workspace must not overlap.
-inline constexpr size_t kLayoutWorkspaceBytes = (kMaxLayoutCounters + 1) * sizeof(int32_t);
+// Device memory the blocks of a call add their counts into: zero before the
+// call, and left zero by it (the last block to finish copies the totals out
+// and clears them), so no memset precedes the kernel. Calls that share a
+// workspace must not overlap.
+inline constexpr size_t layout_workspace_bytes(int num_counters) { return (num_counters + 1) * sizeof(int32_t); }
+inline constexpr size_t kLayoutWorkspaceBytes = layout_workspace_bytes(kMaxLayoutCounters);
 
-// Launches on `stream`. Scalars are checked here (InvalidArgument); expert ids
-// outside [-1, num_experts) are found by the kernel, which skips them (no write
-// outside the outputs) and leaves a record in `errors` that its owner's check()
-// throws; the outputs of such a call are meaningless.
+// Launches the kernel on `stream`, adding into `workspace` (zero, at least
+// layout_workspace_bytes(num_experts + num_ranks + num_rdma_ranks)). Scalars are checked
+// here (InvalidArgument); expert ids outside [-1, num_experts) are found by
+// the kernel, which skips them (no write outside the outputs) and leaves a
+// record in `errors` that its owner's check() throws; the outputs of such a
+// call are meaningless.
 void get_dispatch_layout(const LayoutArgs& args, const Topology& topology, DeviceErrorSlot errors, void* workspace,
                          cudaStream_t stream);
 

@@ -213,7 +213,7 @@ void bind_buffer(nb::module_& m) {
           "dispatch_counts",
           [](Buffer& b, uintptr_t in_rank, int num_tokens, uintptr_t per_expert, int num_experts, uintptr_t topk_idx,
              int num_topk, int expert_alignment, int num_worst_tokens, const turnout::Config& config,
-             uintptr_t rank_prefix_matrix, bool defer_wait, uintptr_t s, MaybeStream wait_for) {
+             uintptr_t rank_prefix_matrix, uintptr_t s, MaybeStream wait_for) {
             turnout::DispatchCountsArgs a;
             a.num_tokens = num_tokens;
             a.is_token_in_rank = ptr<const bool>(in_rank);
@@ -225,35 +225,19 @@ void bind_buffer(nb::module_& m) {
             a.num_worst_tokens = num_worst_tokens;
             set_channels(a, config);
             a.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
-            a.defer_wait = defer_wait;
             // The host wait runs without the GIL (other threads may drive other
             // GPUs); a call that does not wait keeps it (releasing costs time).
             std::optional<nb::gil_scoped_release> release;
-            if (num_worst_tokens == 0 && per_expert != 0 && !defer_wait) release.emplace();
+            if (num_worst_tokens == 0 && per_expert != 0) release.emplace();
             join_before(b, s, wait_for);
             turnout::DispatchCounts c = b.dispatch_counts(a, stream(s));
             return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
           })
-      .def(
-          "wait_dispatch_counts",
-          [](Buffer& b) {
-            turnout::DispatchCounts c = b.wait_dispatch_counts();
-            return std::make_tuple(c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert));
-          },
-          nb::call_guard<nb::gil_scoped_release>())
-      .def("set_dispatch_outputs",
-           [](Buffer& b, uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
-              uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens) {
-             b.set_dispatch_outputs(dispatch_outputs(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
-                                                     recv_src_idx, source_num_tokens));
-           })
-      .def("drop_dispatch_outputs", &Buffer::drop_dispatch_outputs)
-      .def("free_device_bytes", &Buffer::free_device_bytes)
       .def("dispatch",
            [](Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
               int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx, uintptr_t topk_weights,
               int num_topk, int num_experts, uintptr_t in_rank, uintptr_t rank_prefix_matrix, int num_recv_rows,
-              int num_worst_tokens, const turnout::Config& config, bool outputs_later, uintptr_t recv_x,
+              int num_worst_tokens, const turnout::Config& config, uintptr_t recv_x,
               uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx,
               uintptr_t source_num_tokens, uintptr_t s, MaybeStream join_to) {
              turnout::DispatchArgs a;
@@ -273,7 +257,6 @@ void bind_buffer(nb::module_& m) {
              a.num_recv_rows = num_recv_rows;
              a.num_worst_tokens = num_worst_tokens;
              set_channels(a, config);
-             a.outputs_later = outputs_later;
              a.out = dispatch_outputs(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx,
                                      source_num_tokens);
              b.dispatch(a, stream(s));

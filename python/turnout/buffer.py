@@ -8,8 +8,6 @@ from .checks import check_int, check_tensor, fail
 from .event import EventOverlap
 
 _TOPK_IDX_DTYPE = torch.int64
-# Headroom over a dispatch's largest outputs (the caching allocator rounds up).
-_LATER_MARGIN_BYTES = 256 << 20
 
 
 # The caller's current stream as a raw handle. torch.cuda.current_stream()
@@ -27,6 +25,22 @@ def _check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
     """Rows move as 16-byte words: a view that starts mid-word cannot."""
     if t.numel() and t.data_ptr() % 16:
         fail(op, arg, "starting at a 16-byte aligned address", f"address {t.data_ptr():#x}")
+
+
+class DispatchHandle(tuple):
+    """What a dispatch returns for its cached dispatch and its combine: DeepEP's
+    six entries, where they mean the same thing.
+
+    - ``[0]`` rank_prefix_matrix, int32 ``[R, R]``: ``[i, j]`` = tokens ranks 0..i send rank j.
+    - ``[1]`` source_num_tokens, int32 ``[R]``: tokens each rank dispatched, -1 after a dispatch
+      that failed (DeepEP: channel_prefix_matrix).
+    - ``[2]`` None (DeepEP: recv_channel_prefix_matrix).
+    - ``[3]`` recv_src_idx, int32 ``[N]``: the source token of each received row, -1 on padding.
+    - ``[4]`` is_token_in_rank, bool ``[T, R]``: the dispatch's input.
+    - ``[5]`` None (DeepEP: send_head).
+
+    A plain tuple or list of these entries is accepted too.
+    """
 
 
 class Buffer:
@@ -86,6 +100,8 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         self._device = torch.device("cuda", device)
+        # Marks the handles of this buffer's dispatches.
+        self._handle_owner = object()
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
@@ -95,6 +111,15 @@ class Buffer:
             raise RuntimeError("Buffer.destroy: this buffer was created with explicitly_destroy=False; its "
                                "resources are released when it is collected")
         self._native.destroy()
+
+    def check_errors(self) -> None:
+        """Raises the error a kernel of this buffer recorded since the last one
+        raised (ours). The ops raise these by themselves at their next call;
+        this asks at once, for work that no later call follows, such as a
+        CUDA-graph replay: call it once the replay has finished (after a
+        synchronize of its stream). The message names the call that failed."""
+        self._require_alive("Buffer.check_errors")
+        self._native.check_errors("Buffer.check_errors")
 
     def _require_alive(self, op: str) -> None:
         if self._native is None or self._native.destroyed:
@@ -222,9 +247,9 @@ class Buffer:
         """Returns ``(num_tokens_per_rank [R] int32, num_tokens_per_rdma_rank or None,
         num_tokens_per_expert [E] int32, is_token_in_rank [T, R] bool, event)``.
 
-        Expert ids outside ``[-1, num_experts)`` raise ValueError: at once when
-        the call is synchronous (it then waits for the kernel), else at the next
-        call on this buffer.
+        It never waits for the GPU. Expert ids outside ``[-1, num_experts)`` are
+        found by the kernel: the next dispatch then fails on every rank, and
+        the ValueError names this call.
         """
         op = "get_dispatch_layout"
         check_tensor(op, "topk_idx", topk_idx, dtype=_TOPK_IDX_DTYPE, ndim=2, device=self._device)
@@ -247,8 +272,6 @@ class Buffer:
                 topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
                 num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
                 is_token_in_rank.data_ptr(), stream, *streams[2:])
-            if not async_finish and not torch.cuda.is_current_stream_capturing():
-                self._native.synchronize(stream, op)
         except BaseException:
             self._abort_op(streams, allocate_on_comm_stream)
             raise
@@ -286,10 +309,22 @@ class Buffer:
         return x, None
 
     def _check_handle(self, op: str, handle):
-        if not (isinstance(handle, tuple) and len(handle) == 3 and all(isinstance(t, torch.Tensor) for t in handle)
-                and handle[1].dim() == 1 and handle[1].shape[0] >= self.group_size):
-            fail(op, "handle", "the handle a dispatch of this buffer returned", type(handle).__name__, TypeError)
-        return handle
+        """The handle's tensors, checked before any kernel reads them:
+        (rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank)."""
+        if not (isinstance(handle, (tuple, list)) and len(handle) == 6):
+            fail(op, "handle", "the six-entry handle a dispatch of this buffer returned",
+                 f"a {type(handle).__name__}" + (f" of {len(handle)}" if isinstance(handle, (tuple, list)) else ""),
+                 TypeError)
+        owner = getattr(handle, "_owner", None)
+        if owner is not None and owner is not self._handle_owner:
+            fail(op, "handle", "from a dispatch of this buffer", "the handle of another Buffer")
+        R, dev = self.group_size, self._device
+        prefix, source_tokens, _, src_idx, in_rank, _ = handle
+        check_tensor(op, "handle[0] (rank_prefix_matrix)", prefix, dtype=torch.int32, shape=(R, R), device=dev)
+        check_tensor(op, "handle[1] (source_num_tokens)", source_tokens, dtype=torch.int32, shape=(R,), device=dev)
+        check_tensor(op, "handle[3] (recv_src_idx)", src_idx, dtype=torch.int32, ndim=1, device=dev)
+        check_tensor(op, "handle[4] (is_token_in_rank)", in_rank, dtype=torch.bool, shape=(None, R), device=dev)
+        return prefix, source_tokens, src_idx, in_rank
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
@@ -300,11 +335,11 @@ class Buffer:
         ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
         with ``handle`` given (cached mode) only ``recv_x`` and the event.
 
-        The handle is ``(rank_prefix_matrix, source_info, is_token_in_rank)``;
-        ``source_info`` holds every source rank's token count, then the
-        source token index of each received row. ``num_tokens_per_rank`` and
+        The handle is a :class:`DispatchHandle`. ``num_tokens_per_rank`` and
         ``num_tokens_per_rdma_rank`` are checked but not needed: the counts
-        come from ``is_token_in_rank``.
+        come from ``is_token_in_rank``. Without ``num_worst_tokens`` the host
+        waits for the receive counts (so such a dispatch cannot be captured in
+        a CUDA graph); a bad input on any rank then raises on every rank.
         """
         op = "dispatch"
         config = self._config(op, config, Buffer.get_dispatch_config)
@@ -316,13 +351,13 @@ class Buffer:
         cached = handle is not None
         num_experts = num_topk = 0
         if cached:
-            rank_prefix_matrix, old_source_info, is_token_in_rank = self._check_handle(op, handle)
+            rank_prefix_matrix, _, old_src_idx, is_token_in_rank = self._check_handle(op, handle)
             if topk_idx is not None or topk_weights is not None:
                 fail(op, "topk_idx", "None with a handle (cached dispatch)", "a tensor")
             if is_token_in_rank.shape[0] != num_tokens:
                 fail(op, "x", f"of {is_token_in_rank.shape[0]} rows, the tokens of the handle's dispatch",
                      f"{num_tokens} rows")
-            num_recv = old_source_info.shape[0] - R
+            num_recv = old_src_idx.shape[0]
         else:
             check_tensor(op, "is_token_in_rank", is_token_in_rank, dtype=torch.bool, shape=(num_tokens, R),
                          device=self._device)
@@ -358,68 +393,38 @@ class Buffer:
             stream = self._comm_raw
             in_rank_ptr = is_token_in_rank.data_ptr()
             topk_idx_ptr = topk_idx.data_ptr() if num_topk else 0
-            # Without num_worst_tokens the receive size is known only after the
-            # counts, so the host wait comes after the counts launch.
-            defer = not cached and not num_worst_tokens
             if not cached:
                 rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
-                native.dispatch_counts(
+                # Without num_worst_tokens this waits on the host for the receive sizes.
+                num_recv, per_expert = native.dispatch_counts(
                     in_rank_ptr, num_tokens, num_tokens_per_expert.data_ptr(), num_experts, topk_idx_ptr, num_topk,
-                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), defer, stream,
-                    wait_for)
+                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), stream, wait_for)
                 if num_worst_tokens:
                     num_recv, per_expert = num_worst_tokens, []
             else:
                 # The counts are known: the notify step only refreshes the channel starts.
                 native.dispatch_counts(in_rank_ptr, num_tokens, 0, 0, 0, 0, 1, num_recv, config,
-                                       rank_prefix_matrix.data_ptr(), False, stream, wait_for)
+                                       rank_prefix_matrix.data_ptr(), stream, wait_for)
                 per_expert = None
-            rank_prefix_ptr = rank_prefix_matrix.data_ptr()
-            # The data step is launched before the wait where it can be, so the
-            # tokens move while the host waits and allocates; its receive side
-            # then waits for the outputs. Only where the allocations cannot need
-            # a cudaFree (which would wait for that kernel): the driver has room
-            # for the most rows a dispatch can receive. The query runs while the
-            # counts kernel does.
-            later = defer and native.free_device_bytes() >= _LATER_MARGIN_BYTES + num_tokens * R * (
-                hidden * data.element_size() + 4 * num_scales + 12 * num_topk + 4)
-            if later:
-                num_recv = 0  # known after the wait below
-            elif defer:
-                num_recv, per_expert = native.wait_dispatch_counts()
-
             # Sizes as separate ints: torch parses them ~1 us faster than a tuple.
-            def allocate():
-                recv_x = torch.empty(num_recv, hidden, dtype=data.dtype, device=dev)
-                recv_scales = torch.empty(num_recv, num_scales, dtype=scales.dtype, device=dev) \
-                    if scales is not None else None
-                recv_topk_idx = torch.empty(num_recv, num_topk, dtype=_TOPK_IDX_DTYPE, device=dev) \
-                    if num_topk else None
-                recv_topk_weights = torch.empty(num_recv, num_topk, dtype=torch.float32, device=dev) \
-                    if num_topk else None
-                source_info = None if cached else torch.empty(R + num_recv, dtype=torch.int32, device=dev)
-                return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_info
-
-            def pointers(outputs):
-                ptrs = [0 if t is None else t.data_ptr() for t in outputs]
-                # source_info: the counts, then recv_src_idx
-                return (*ptrs[:4], ptrs[4] + 4 * R if ptrs[4] else 0, ptrs[4])
-
-            outputs = (None,) * 5 if later else allocate()
+            recv_x = torch.empty(num_recv, hidden, dtype=data.dtype, device=dev)
+            recv_scales = torch.empty(num_recv, num_scales, dtype=scales.dtype, device=dev) \
+                if scales is not None else None
+            recv_topk_idx = torch.empty(num_recv, num_topk, dtype=_TOPK_IDX_DTYPE, device=dev) if num_topk else None
+            recv_topk_weights = torch.empty(num_recv, num_topk, dtype=torch.float32, device=dev) \
+                if num_topk else None
+            # One allocation: every source rank's token count, then recv_src_idx.
+            source_info = None if cached else torch.empty(R + num_recv, dtype=torch.int32, device=dev)
+            info_ptr = source_info.data_ptr() if source_info is not None else 0
             native.dispatch(
                 data.data_ptr(), num_tokens, hidden * data.element_size(),
                 scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
                 topk_idx_ptr, topk_weights.data_ptr() if num_topk else 0, num_topk, num_experts, in_rank_ptr,
-                rank_prefix_ptr, num_recv, 0 if cached else num_worst_tokens, config, later, *pointers(outputs),
-                stream, join_to)
-            if later:
-                num_recv, per_expert = native.wait_dispatch_counts()
-                outputs = allocate()
-                native.set_dispatch_outputs(*pointers(outputs))
-            recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_info = outputs
+                rank_prefix_matrix.data_ptr(), num_recv, 0 if cached else num_worst_tokens, config, recv_x.data_ptr(),
+                recv_scales.data_ptr() if recv_scales is not None else 0,
+                recv_topk_idx.data_ptr() if num_topk else 0, recv_topk_weights.data_ptr() if num_topk else 0,
+                info_ptr + 4 * R if info_ptr else 0, info_ptr, stream, join_to)
         except BaseException:
-            # A receive side still waiting for its outputs drains its rings instead.
-            self._native.drop_dispatch_outputs()
             self._abort_op(streams, allocate_on_comm_stream)
             raise
         event = self._exit_op(streams, async_finish, allocate_on_comm_stream,
@@ -428,7 +433,9 @@ class Buffer:
         out_x = (recv_x, recv_scales) if scales is not None else recv_x
         if cached:
             return out_x, None, None, None, None, event
-        new_handle = (rank_prefix_matrix, source_info, is_token_in_rank)
+        new_handle = DispatchHandle((rank_prefix_matrix, source_info[:R], None, source_info[R:], is_token_in_rank,
+                                     None))
+        new_handle._owner = self._handle_owner
         return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, event
 
     def combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None, bias=None,
@@ -439,8 +446,8 @@ class Buffer:
         two). Returns ``(combined_x, combined_topk_weights or None, event)``."""
         op = "combine"
         config = self._config(op, config, Buffer.get_combine_config)
-        rank_prefix_matrix, source_info, is_token_in_rank = self._check_handle(op, handle)
-        num_rows = source_info.shape[0] - self.group_size
+        rank_prefix_matrix, source_tokens, src_idx, is_token_in_rank = self._check_handle(op, handle)
+        num_rows = src_idx.shape[0]
         num_tokens = is_token_in_rank.shape[0]
         check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
         if x.shape[0] != num_rows:
@@ -471,18 +478,17 @@ class Buffer:
             combined_x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=self._device)
             combined_w = torch.empty(num_tokens, num_topk, dtype=torch.float32, device=self._device) \
                 if num_topk else None
-            source_ptr = source_info.data_ptr()
             self._native.combine(
                 x.data_ptr(), num_rows, hidden, topk_weights.data_ptr() if num_topk else 0, num_topk, bias0, bias1,
-                rank_prefix_matrix.data_ptr(), source_ptr, source_ptr + 4 * self.group_size,
+                rank_prefix_matrix.data_ptr(), source_tokens.data_ptr(), src_idx.data_ptr(),
                 is_token_in_rank.data_ptr(), num_tokens, config, combined_x.data_ptr(),
                 combined_w.data_ptr() if num_topk else 0, self._comm_raw, *streams[2:])
         except BaseException:
             self._abort_op(streams, allocate_on_comm_stream)
             raise
         event = self._exit_op(streams, async_finish, allocate_on_comm_stream,
-                              (x, topk_weights, *biases, rank_prefix_matrix, source_info, is_token_in_rank,
-                               combined_x, combined_w))
+                              (x, topk_weights, *biases, rank_prefix_matrix, source_tokens, src_idx,
+                               is_token_in_rank, combined_x, combined_w))
         return combined_x, combined_w, event
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ struct LayoutParams {
   int num_nvl_ranks;
   int rank;
   DeviceErrorSlot errors;
-  int32_t* workspace;  // kLayoutWorkspaceBytes: [counters | finished blocks], zero between calls
+  int32_t* workspace;  // [counters | finished blocks], zero between calls
 };
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
 

@@ -1,7 +1,7 @@
 // get_dispatch_layout: a group of lanes per token, one lane per top-k slot, so
 // a warp reads its rows in coalesced loads and finds repeated experts, ranks
 // and RDMA ranks of a token with match instructions instead of loops over the
-// row. Counts go to shared memory first so each block adds to global memory
+// row. Counts go to shared memory first so each block adds to the workspace
 // once per nonzero counter.
 #include <cuda_runtime.h>
 
@@ -26,7 +26,8 @@ __host__ __device__ inline int lanes_per_token(int num_topk) {
 
 // Out of line: the rare path stays out of the loop's instructions.
 __device__ __noinline__ void report_invalid(const LayoutParams& p, int token, int slot, int64_t expert) {
-  device::record_error(p.errors, DeviceErrorCode::kInvalidExpert, p.rank, slot, 0, token, expert);
+  // Not shared: only this rank knows until its next dispatch tells the peers.
+  device::record_error(p.errors, DeviceErrorCode::kInvalidExpert, p.rank, slot, 0, token, expert, false);
 }
 
 // True on the lowest lane of those whose `key` matches (lanes with `valid`
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams 
   // and zeroes the workspace for the next call.
   const int num_counters = E + R + num_rdma_ranks;
   int32_t* totals = p.workspace;
-  int32_t* finished = p.workspace + kMaxLayoutCounters;
+  int32_t* finished = p.workspace + num_counters;
   for (int i = threadIdx.x; i < num_counters; i += kThreads)
     if (counts[i]) atomicAdd(&totals[i], counts[i]);
   __threadfence();

@@ -54,19 +54,14 @@ kernels::IntranodeRegion dispatch_region(int num_ranks, int num_sms, int num_exp
 
 }  // namespace
 
-// What every intranode op checks first: a live buffer, no pending error, one
-// NVL domain, a usable config. Returns the SMs the op runs on: the config's,
-// at most the budget, since every block must be resident at once (senders
-// and receivers wait on each other, also across ranks that share a GPU).
+// What every intranode op checks first: a live buffer, no timeout, one NVL
+// domain, a usable config. Returns the SMs the op runs on: the config's, at
+// most the budget, since every block must be resident at once (senders and
+// receivers wait on each other, also across ranks that share a GPU). Input
+// errors of earlier calls are raised only after the launches (see buffer.hpp).
 int Buffer::begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens) {
   require_alive(op);
-  if (outputs_sequence_ != 0) {
-    // It would queue behind a kernel that waits for the host.
-    drop_dispatch_outputs();
-    throw Error(std::string(op) + ": the dispatch before was launched with outputs_later and never given its outputs "
-                "(set_dispatch_outputs); its received rows were dropped");
-  }
-  check_errors(op);
+  if (errors_.timed_out()) check_errors(op);
   if (!topology_.single_nvl_domain())
     throw NotSupported(std::string(op) +
                        ": groups that span several NVL domains (internode) are not available in this version");
@@ -106,39 +101,32 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& a, cudaStream_t
   });
 
   const bool wait = a.num_worst_tokens == 0 && a.num_tokens_per_expert != nullptr;
+  if (wait) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    require(capture == cudaStreamCaptureStatusNone, op,
+            "a dispatch that learns its receive counts on the host cannot be captured in a CUDA graph: pass "
+            "num_worst_tokens > 0 (outputs of that many rows, padding marked -1)");
+  }
   auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(recv_counts_device_) : nullptr;
   const int32_t sequence = ++recv_counts_sequence_;
+  last_dispatch_call_ = ++calls_;
   kernels::NotifyParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
                           region,
                           true,
                           a,
+                          {},
                           device_box,
                           sequence,
-                          wait_context()};
+                          wait_context(OpKind::kDispatch)};
   kernels::launch_intranode_notify(p, stream);
-  deferred_sequence_ = wait ? sequence : 0;
   if (!wait) return {};
-  deferred_experts_ = a.num_experts / R;
-  if (a.defer_wait) return {};
-  return wait_dispatch_counts();
+  return wait_recv_counts(op, sequence, a.num_experts / R);
 }
 
-DispatchCounts Buffer::wait_dispatch_counts() {
-  const char* op = "dispatch";
-  if (deferred_sequence_ == 0)
-    throw Error(std::string(op) + ": wait_dispatch_counts needs a dispatch_counts call that waits on the host");
-  const int32_t sequence = deferred_sequence_;
-  deferred_sequence_ = 0;
-  try {
-    return wait_recv_counts(op, sequence);
-  } catch (...) {
-    drop_dispatch_outputs();
-    throw;
-  }
-}
-
-// The one host wait of the normal path.
-DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
+// The one host wait of the normal path. Every rank learns there whether some
+// rank's input was bad: then every rank raises, and none launches the data step.
+DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence, int experts_per_rank) {
   const auto* host_box = static_cast<const kernels::RecvCountsMailbox*>(recv_counts_.get());
   const auto start = HostClock::now();
   const auto deadline =
@@ -156,34 +144,16 @@ DispatchCounts Buffer::wait_recv_counts(const char* op, int32_t sequence) {
                        ": the receive counts did not arrive within " + std::to_string(timeout_s_ + kHostGraceS) + " s");
   std::atomic_thread_fence(std::memory_order_acquire);
   last_host_wait_s_ = std::chrono::duration<double>(HostClock::now() - start).count();
-  // A bad input on any rank (recorded before the counts were posted).
-  check_errors(op);
+  if (host_box->failed) {
+    // Recorded before the counts were posted (or an earlier error holds the record).
+    check_errors(op);
+    throw InvalidArgument(std::string(op) + ": a rank passed invalid input; nothing was dispatched");
+  }
   DispatchCounts out;
   out.num_recv_tokens = host_box->num_recv_tokens;
   out.num_recv_tokens_per_expert.assign(host_box->num_recv_tokens_per_expert,
-                                        host_box->num_recv_tokens_per_expert + deferred_experts_);
+                                        host_box->num_recv_tokens_per_expert + experts_per_rank);
   return out;
-}
-
-void Buffer::post_dispatch_outputs(const DispatchOutputs& out, bool drop) {
-  if (outputs_sequence_ == 0)
-    throw Error("dispatch: set_dispatch_outputs needs a dispatch launched with outputs_later");
-  auto* box = static_cast<kernels::OutputsMailbox*>(dispatch_outputs_.get());
-  box->out = out;
-  box->drop = drop;
-  // The GPU reads the fields after it sees the sequence.
-  std::atomic_thread_fence(std::memory_order_release);
-  __atomic_store_n(&box->sequence, outputs_sequence_, __ATOMIC_RELEASE);
-  outputs_sequence_ = 0;
-}
-
-void Buffer::set_dispatch_outputs(const DispatchOutputs& out) {
-  require(aligned16(out.recv_x), "dispatch", "recv_x must start at a 16-byte aligned address");
-  post_dispatch_outputs(out, false);
-}
-
-void Buffer::drop_dispatch_outputs() {
-  if (outputs_sequence_ != 0) post_dispatch_outputs({}, true);
 }
 
 void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
@@ -208,41 +178,26 @@ void Buffer::dispatch(const DispatchArgs& a, cudaStream_t stream) {
   require(a.num_tokens == 0 || (a.x && a.is_token_in_rank), op, "x and is_token_in_rank must be given");
   require(a.rank_prefix_matrix != nullptr, op, "rank_prefix_matrix must be given");
   require(aligned16(a.x), op, "x must start at a 16-byte aligned address");
-  if (a.outputs_later) {
-    require(deferred_sequence_ != 0 && a.num_worst_tokens == 0, op,
-            "outputs_later needs a dispatch_counts with defer_wait just before, and no num_worst_tokens");
-  } else {
-    const DispatchOutputs& o = a.out;
-    require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
-    require(a.num_recv_rows == 0 || o.recv_x, op, "recv_x must be given");
-    require(a.num_worst_tokens == 0 || a.num_recv_rows == 0 || o.recv_src_idx, op,
-            "recv_src_idx must be given with num_worst_tokens (its padding rows are marked -1)");
-    require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op,
-            "recv_x_scales must be given with scales");
-    require(a.num_topk == 0 || a.num_recv_rows == 0 || (o.recv_topk_idx && o.recv_topk_weights), op,
-            "recv_topk_idx and recv_topk_weights must be given with top-k");
-    require(aligned16(o.recv_x), op, "recv_x must start at a 16-byte aligned address");
-  }
+  const DispatchOutputs& o = a.out;
+  require(a.num_recv_rows >= 0, op, "num_recv_rows must be >= 0");
+  require(a.num_recv_rows == 0 || o.recv_x, op, "recv_x must be given");
+  require(a.num_worst_tokens == 0 || a.num_recv_rows == 0 || o.recv_src_idx, op,
+          "recv_src_idx must be given with num_worst_tokens (its padding rows are marked -1)");
+  require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op,
+          "recv_x_scales must be given with scales");
+  require(a.num_topk == 0 || a.num_recv_rows == 0 || (o.recv_topk_idx && o.recv_topk_weights), op,
+          "recv_topk_idx and recv_topk_weights must be given with top-k");
+  require(aligned16(o.recv_x), op, "recv_x must start at a 16-byte aligned address");
   const auto slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
   const int experts = a.num_topk > 0 ? a.num_experts : 0;
   const auto region = dispatch_region(R, sms, experts, a.num_max_recv_tokens, slot.bytes);
   check_fits(op, region, options_.num_nvl_bytes);
-  kernels::DispatchParams p{{nvl_->device_table(), peer_nvl_table(), topology_.rank, R},
-                            region,
-                            slot,
-                            a,
-                            a.num_topk > 0 ? a.num_experts / R : 0,
-                            nullptr,
-                            0,
-                            nullptr,
-                            wait_context()};
-  if (a.outputs_later) {
-    p.outputs_box = static_cast<const kernels::OutputsMailbox*>(dispatch_outputs_device_);
-    p.sequence = deferred_sequence_;
-    p.relay = static_cast<kernels::OutputsMailbox*>(outputs_relay_.get());
-  }
-  kernels::launch_intranode_dispatch(p, stream);
-  if (a.outputs_later) outputs_sequence_ = deferred_sequence_;
+  // The data step belongs to the call of the counts step before it.
+  kernels::launch_intranode_dispatch(
+      {{nvl_->device_table(), peer_nvl_table(), topology_.rank, R}, region, slot, a,
+       a.num_topk > 0 ? a.num_experts / R : 0, wait_context(OpKind::kDispatch)},
+      stream);
+  check_errors(op);
 }
 
 void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
@@ -266,9 +221,12 @@ void Buffer::combine(const CombineArgs& a, cudaStream_t stream) {
   const auto region = kernels::make_intranode_region(R, sms / 2, 0, a.num_max_recv_tokens, slot.bytes);
   check_fits(op, region, options_.num_nvl_bytes);
   const kernels::Peers peers{nvl_->device_table(), peer_nvl_table(), topology_.rank, R};
-  kernels::NotifyParams prepare{peers, region, false, {}, nullptr, 0, wait_context()};
-  kernels::launch_intranode_notify(prepare, stream);
-  kernels::launch_intranode_combine({peers, region, slot, a, wait_context()}, stream);
+  ++calls_;
+  const kernels::WaitContext ctx = wait_context(OpKind::kCombine);
+  const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
+  kernels::launch_intranode_notify({peers, region, false, {}, handle, nullptr, 0, ctx}, stream);
+  kernels::launch_intranode_combine({peers, region, slot, a, ctx}, stream);
+  check_errors(op);
 }
 
 }  // namespace turnout

@@ -103,13 +103,13 @@ int check_peer_memory(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
   return 0;
 }
 
-// How a dispatch gets its outputs: allocated before it is launched; given
-// after the host wait (launched first); or dropped after the host wait.
-enum class Outputs { kFirst, kLater, kDropped };
+// A good round trip, or one where rank 0 passes an expert id out of range:
+// then every rank's dispatch_counts raises, and the next good call works.
+enum class Input { kGood, kBadExpertOnRank0 };
 
 // Every token to every rank, then back: token t of rank s carries the value
 // s * T + t (exact in bf16), so each received row and each sum is known.
-int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream_t stream, Outputs mode) {
+int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream_t stream, Input input) {
   constexpr int T = 32, H = 256;
   std::vector<uint16_t> x(T * H);
   for (int t = 0; t < T; ++t)
@@ -117,7 +117,7 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   std::vector<uint8_t> in_rank(T * num_ranks, 1);
   std::vector<int32_t> per_expert(num_ranks, T);  // one expert per rank
   const int R = num_ranks, rows = R * T;
-  void *d_x, *d_in_rank, *d_per_expert, *d_meta, *d_recv, *d_src, *d_out;
+  void *d_x, *d_in_rank, *d_per_expert, *d_meta, *d_recv, *d_src, *d_out, *d_topk;
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_x, x.size() * 2));
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_in_rank, in_rank.size()));
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_per_expert, R * 4));
@@ -125,6 +125,11 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_recv, size_t(rows) * H * 2));
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_src, rows * 4));
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_out, x.size() * 2));
+  // Top-1: each token names expert 0, rank 0 with bad input names 1000 for token 5.
+  std::vector<int64_t> topk(T, 0);
+  if (input == Input::kBadExpertOnRank0 && rank == 0) topk[5] = 1000;
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_topk, T * 8));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(d_topk, topk.data(), T * 8, cudaMemcpyHostToDevice));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_in_rank, in_rank.data(), in_rank.size(), cudaMemcpyHostToDevice));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_per_expert, per_expert.data(), R * 4, cudaMemcpyHostToDevice));
@@ -137,11 +142,8 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   counts.num_experts = R;
   counts.num_sms = 4;
   counts.rank_prefix_matrix = prefix;
-  counts.defer_wait = mode != Outputs::kFirst;
-  // A dropped dispatch must leave these bytes as they are.
-  TURNOUT_CUDA_CHECK(cudaMemset(d_recv, 0xff, size_t(rows) * H * 2));
-  TURNOUT_CUDA_CHECK(cudaMemset(d_src, 0xff, rows * 4));
-  TURNOUT_CUDA_CHECK(cudaMemset(prefix + R * R, 0xff, R * 4));
+  counts.topk_idx = static_cast<const int64_t*>(d_topk);
+  counts.num_topk = 1;
 
   turnout::DispatchArgs d;
   d.x = d_x;
@@ -152,39 +154,31 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   d.num_sms = 4;
   const turnout::DispatchOutputs outputs{d_recv, nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src),
                                          prefix + R * R};
-  turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
-  if (mode == Outputs::kFirst) {
-    d.num_recv_rows = rows;
-    d.out = outputs;
-    buffer.dispatch(d, stream);
-  } else {
-    d.outputs_later = true;
-    buffer.dispatch(d, stream);
-    got = buffer.wait_dispatch_counts();
-    if (mode == Outputs::kLater)
-      buffer.set_dispatch_outputs(outputs);
-    else
-      buffer.drop_dispatch_outputs();
+  const auto free_all = [&] {
+    for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out, d_topk}) TURNOUT_CUDA_CHECK(cudaFree(p));
+  };
+  if (input == Input::kBadExpertOnRank0) {
+    std::string error;
+    try {
+      buffer.dispatch_counts(counts, stream);
+    } catch (const turnout::InvalidArgument& e) {
+      error = e.what();
+    }
+    const std::string expected = rank == 0 ? "topk_idx[5, 0] = 1000" : "rank 0 passed invalid input";
+    EXPECT(error.find(expected) != std::string::npos, "rank %d: dispatch_counts raised '%s', expected '%s'", rank,
+           error.c_str(), expected.c_str());
+    free_all();
+    return 0;
   }
+  turnout::DispatchCounts got = buffer.dispatch_counts(counts, stream);
+  d.num_recv_rows = rows;
+  d.out = outputs;
+  buffer.dispatch(d, stream);
   EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
   EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
          "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
-  // Every mode waited on the host, bounded by the timeout.
   EXPECT(buffer.last_host_wait_s() > 0 && buffer.last_host_wait_s() < buffer.timeout_s(), "last_host_wait_s %g s",
          buffer.last_host_wait_s());
-
-  if (mode == Outputs::kDropped) {
-    buffer.synchronize(stream, "dropped dispatch");
-    std::vector<int32_t> src(rows);
-    TURNOUT_CUDA_CHECK(cudaMemcpy(src.data(), d_src, rows * 4, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < rows; ++i) EXPECT(src[i] == -1, "dropped dispatch wrote recv_src_idx[%d] = %d", i, src[i]);
-    std::vector<int32_t> source_tokens(R);
-    TURNOUT_CUDA_CHECK(cudaMemcpy(source_tokens.data(), prefix + R * R, R * 4, cudaMemcpyDeviceToHost));
-    for (int j = 0; j < R; ++j)
-      EXPECT(source_tokens[j] == -1, "dropped dispatch wrote source_num_tokens[%d] = %d", j, source_tokens[j]);
-    for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out}) TURNOUT_CUDA_CHECK(cudaFree(p));
-    return 0;
-  }
 
   turnout::CombineArgs c;
   c.x = d_recv;
@@ -218,7 +212,7 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
     for (int h = 0; h < H; ++h)
       EXPECT(out[t * H + h] == turnout::reference::double_to_bf16(double(R) * (rank * T + t)),
              "combined_x[%d, %d] = bf16 bits %u", t, h, unsigned(out[t * H + h]));
-  for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out}) TURNOUT_CUDA_CHECK(cudaFree(p));
+  free_all();
   return 0;
 }
 
@@ -239,10 +233,9 @@ int run_rank(int rank, int num_ranks, uint16_t port) {
     EXPECT(buffer.sm_budget() >= 2 && buffer.sm_budget() % 2 == 0, "sm_budget() = %d", buffer.sm_budget());
     cudaStream_t stream = buffer.comm_stream();
     if (check_layout(buffer, rank, stream) || check_peer_memory(buffer, rank, stream) ||
-        check_intranode(buffer, rank, num_ranks, stream, Outputs::kFirst) ||
-        check_intranode(buffer, rank, num_ranks, stream, Outputs::kLater) ||
-        check_intranode(buffer, rank, num_ranks, stream, Outputs::kDropped) ||
-        check_intranode(buffer, rank, num_ranks, stream, Outputs::kFirst))
+        check_intranode(buffer, rank, num_ranks, stream, Input::kGood) ||
+        check_intranode(buffer, rank, num_ranks, stream, Input::kBadExpertOnRank0) ||
+        check_intranode(buffer, rank, num_ranks, stream, Input::kGood))
       return 1;
     buffer.destroy();
     std::printf("rank %d: ok\n", rank);

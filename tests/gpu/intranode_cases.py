@@ -131,7 +131,8 @@ def check_dispatch(out, ref, case: Case, what: str, worst: int = 0) -> None:
             f"{what}: num_recv_tokens_per_expert {per_expert} != {list(ref.num_recv_tokens_per_expert)}"
     assert_equal(handle[0], ref.rank_prefix_matrix, f"{what}: rank_prefix_matrix")
     num_ranks = handle[0].shape[0]
-    source_tokens, recv_src_idx = handle[1][:num_ranks].tolist(), handle[1][num_ranks:]
+    assert len(handle) == 6 and handle[2] is None and handle[5] is None, f"{what}: the handle's layout"
+    source_tokens, recv_src_idx = handle[1].tolist(), handle[3]
     want = [case.tokens_of(r) for r in range(num_ranks)]
     assert source_tokens == want, f"{what}: the handle's source token counts {source_tokens} != {want}"
     assert recv_src_idx.shape[0] == rows, f"{what}: the handle has {recv_src_idx.shape[0]} source indices"
@@ -166,7 +167,7 @@ def reference_combine(case: Case, n: int, refs, rank: int):
 
 def combine(buf, case: Case, n: int, rank: int, out, device, worst: int = 0, **kwargs):
     recv_x, _, recv_topk_weights, _, handle, _ = out
-    num_rows = handle[1].shape[0] - handle[0].shape[0]
+    num_rows = handle[3].shape[0]
     x, biases = combine_inputs(case, n, rank, num_rows if not worst else int(handle[0][-1, rank]))
     if worst:
         x = torch.cat([x, torch.randn(num_rows - x.shape[0], case.hidden).bfloat16()])

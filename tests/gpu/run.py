@@ -45,7 +45,9 @@ def discover(pattern: str, exclude: str = ""):
         for name, fn in vars(module).items():
             if name.startswith("test_") and callable(fn) and getattr(fn, "__module__", None) == path.stem:
                 full = f"{path.stem}::{name}"
-                if pattern in full and not (exclude and exclude in full):
+                picked = any(p in full for p in pattern.split(","))
+                left_out = any(x and x in full for x in exclude.split(","))
+                if picked and not left_out:
                     tests.append((path.stem, name, float(getattr(fn, "timeout", DEFAULT_TIMEOUT_S))))
     return tests
 
@@ -235,8 +237,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=None,
                         help="ranks (processes) to run; default $TURNOUT_TEST_RANKS, else the visible GPUs, at least 4")
-    parser.add_argument("-k", default="", help="run only tests whose module::name contains this")
-    parser.add_argument("-x", default="", help="leave out tests whose module::name contains this")
+    parser.add_argument("-k", default="", help="run only tests whose module::name contains one of these (a,b,...)")
+    parser.add_argument("-x", default="", help="leave out tests whose module::name contains one of these (a,b,...)")
     parser.add_argument("--list", action="store_true", help="list the tests and exit")
     args = parser.parse_args()
     tests = discover(args.k, args.x)

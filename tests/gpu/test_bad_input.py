@@ -63,14 +63,19 @@ def test_bad_layout_arguments_raise_and_buffer_stays_usable(ctx):
                 assert_layout_correct(buf, good, n, num_experts, f"n={n}: the call after {what}")
                 assert torch.cuda.current_stream() != buf.get_comm_stream(), f"after {what}: stream not restored"
 
-            # Ids out of [-1, E) are found by the kernel: E and -2 in one row.
+            # Ids out of [-1, E) are found by the kernel: E and -2 in one row. The
+            # call does not wait for it, so check_errors (or the next call) raises,
+            # naming the call.
             bad = good.clone()
             bad[3, 0], bad[3, 1] = num_experts, -2
-            e = assert_raises(ValueError, lambda: layout(bad, num_experts), "topk_idx")
+            layout(bad, num_experts)
+            torch.cuda.synchronize()
+            e = assert_raises(ValueError, buf.check_errors, "topk_idx", "get_dispatch_layout (call")
             assert numbers_in(str(e)) & {num_experts, -2}, f"the message must name the bad id: {e}"
             assert_layout_correct(buf, good, n, num_experts, f"n={n}: the call after bad ids")
+            buf.check_errors()  # nothing left
 
-            # Asynchronous: reported by the next call, then the buffer works again.
+            # Reported by the next call, then the buffer works again.
             out = layout(bad, num_experts, async_finish=True)
             out[4].current_stream_wait()
             torch.cuda.synchronize()

@@ -178,3 +178,39 @@ def test_layout_in_cuda_graph(ctx):
                 check_layout(out, new, n, num_experts, n, f"n={n} graph replay {replay} ({kind})")
         finally:
             buf.destroy()
+
+
+def test_eager_layout_beside_a_replaying_graph(ctx):
+    """Layout keeps no count between calls: a graph of layout calls replays on
+    one stream while eager calls run on the buffer's stream, each call on its
+    own routing, and every result is the reference's."""
+    num_tokens, num_topk, num_experts = 8192, 8, 256
+    for n in ctx.sizes():
+        g = ctx.group(n)
+        if g is None:
+            continue
+        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
+        try:
+            captured = routing.uniform(num_tokens, num_experts, num_topk, generator("beside", n, ctx.rank), ctx.device)
+            buf.get_dispatch_layout(captured, num_experts)  # warm-up outside the graph
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                graph_out = buf.get_dispatch_layout(captured, num_experts)
+            replay_stream = torch.cuda.Stream()
+            for it in range(10):
+                kind = KINDS[it % len(KINDS)]
+                graph_ids = make_routing(kind, num_tokens, num_experts, num_topk, n,
+                                         generator("beside graph", n, ctx.rank, it), "cpu")
+                eager_ids = make_routing("uniform", num_tokens, num_experts, num_topk, n,
+                                         generator("beside eager", n, ctx.rank, it), ctx.device)
+                captured.copy_(graph_ids)
+                replay_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(replay_stream):
+                    graph.replay()
+                eager_out = buf.get_dispatch_layout(eager_ids, num_experts, async_finish=True)
+                torch.cuda.synchronize()
+                check_layout(graph_out, graph_ids, n, num_experts, n, f"n={n} graph replay {it} ({kind})")
+                check_layout(eager_out, eager_ids, n, num_experts, n, f"n={n} eager call beside replay {it}")
+        finally:
+            buf.destroy()

@@ -1,6 +1,6 @@
 """layout: get_dispatch_layout for 4096 tokens x top-8 of 256 experts, as a CUDA
-graph (the GPU time) and as one synchronous call (what a caller waits), plus a
-sweep over the token count."""
+graph (the GPU time) and call by call as a training step sees it (CUDA events
+around each eager call, L2 flushed before), plus a sweep over the token count."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -29,6 +29,8 @@ NUM_EXPERTS, NUM_TOPK = 256, 8
 MAIN_TOKENS = 4096
 SWEEP_TOKENS = (128, 1024, 4096, 8192)
 TARGET_US = 15.0
+# An eager call may cost at most this much over the kernel-only (graph) figure.
+PER_CALL_SLACK_US = 10.0
 CALLS_PER_GRAPH = 100
 FLUSH_BYTES = 256 << 20  # well past the 50 MB L2
 
@@ -39,9 +41,11 @@ def routing(num_tokens: int) -> torch.Tensor:
     return scores.topk(NUM_TOPK, dim=-1).indices
 
 
-def row(num_tokens: int, mode: str, time_us: float) -> Dict:
+def row(num_tokens: int, mode: str, time_us: float, target_us: Optional[float] = None) -> Dict:
+    if target_us is None and num_tokens == MAIN_TOKENS:
+        target_us = TARGET_US
     return {"bench": "layout", "tokens": num_tokens, "topk": NUM_TOPK, "experts": NUM_EXPERTS, "mode": mode,
-            "time_us": time_us, "target_us": TARGET_US if num_tokens == MAIN_TOKENS else None}
+            "time_us": time_us, "target_us": target_us}
 
 
 def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
@@ -55,15 +59,17 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     for num_tokens in SWEEP_TOKENS:
         progress.step(f"{num_tokens} tokens, graph")
         topk_idx = routing(num_tokens)
-        # Sync mode is skipped during capture, so the graph holds only the GPU work.
         per_call = time_graph(lambda: buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS), CALLS_PER_GRAPH, replays)
         rows.append(row(num_tokens, "graph", per_call))
+    graph_us = next(r["time_us"] for r in rows if r["tokens"] == MAIN_TOKENS)
 
-    progress.step(f"{MAIN_TOKENS} tokens, single call")
+    # Each eager call between CUDA events, the L2 flushed before it: the GPU
+    # time a training step loses to the call, host syncs included.
+    progress.step(f"{MAIN_TOKENS} tokens, per call")
     topk_idx = routing(MAIN_TOKENS)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     times = time_each(lambda: buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS), iters, warmup, before=flush.zero_)
-    rows.append(row(MAIN_TOKENS, "single call", statistics.median(times)))
+    rows.append(row(MAIN_TOKENS, "per call", statistics.median(times), graph_us + PER_CALL_SLACK_US))
     progress.close()
     return rows
 

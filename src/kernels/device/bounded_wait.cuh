@@ -13,7 +13,7 @@ namespace turnout::device {
 using kernels::WaitContext;
 
 // Spins until `ready()` holds. Returns false on timeout (recorded) or when
-// another thread already recorded an error.
+// another wait of this rank already timed out.
 template <typename Ready>
 __device__ __forceinline__ bool bounded_wait(const WaitContext& ctx, int peer, WaitSite site, Ready ready) {
   const uint64_t start = global_timer_ns();
@@ -21,7 +21,7 @@ __device__ __forceinline__ bool bounded_wait(const WaitContext& ctx, int peer, W
     if (ready()) return true;
     if ((spin & 63) == 63) {
       const uint64_t elapsed = global_timer_ns() - start;
-      if (error_recorded(ctx.errors)) return false;
+      if (wait_abandoned(ctx.errors)) return false;
       if (elapsed > ctx.timeout_ns) {
         const int index = peer - ctx.first_nvl_rank;
         if (index >= 0 && index < kMaxNvlRanks) ctx.errors.record->missing[index] = 1;

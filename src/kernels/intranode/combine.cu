@@ -208,14 +208,17 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
       device::store_release_sys(head, done);
       published = done;
     }
-    if (next >= t1 || device::error_recorded(p.ctx.errors)) break;
+    if (next >= t1 || device::wait_abandoned(p.ctx.errors)) break;
     __nanosleep(64);
   }
 }
 
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
-  if (device::error_recorded(p.ctx.errors)) return;
+  if (device::wait_abandoned(p.ctx.errors)) return;
+  // The step before found a handle that does not fit on some rank: every rank skips.
+  const char* self = bytes(p.peers.buffers[p.peers.rank]);
+  if (device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.status)) != 0) return;
   const int channel = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
     send_rows(p, channel);

@@ -131,54 +131,6 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   out.finish(sent, lane);
 }
 
-// The outputs of the call: from the arguments, or (launched before they
-// existed) from the host's mailbox once it posts them. Null recv_x with rows
-// to write: drop them. False if the wait failed.
-//
-// Reading host memory is a PCIe round trip (microseconds), and every poll of
-// it slows the senders' system-scope releases, so only the first receive
-// block polls the host; it passes the outputs on through device memory.
-__device__ bool resolve_outputs(const DispatchParams& p, DispatchOutputs& out) {
-  constexpr int kWords = sizeof(DispatchOutputs) / 8;
-  static_assert(sizeof(DispatchOutputs) == kWords * 8 && kWords < 32);
-  __shared__ uint64_t s_out[kWords];
-  __shared__ bool s_ok;
-  if (p.outputs_box == nullptr) {
-    out = p.args.out;
-    return true;
-  }
-  const bool first = blockIdx.x == 1;
-  const OutputsMailbox* box = first ? p.outputs_box : p.relay;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    bool ok = true;
-    if (lane == 0)
-      ok = device::bounded_wait(p.ctx, p.ctx.rank, WaitSite::kDispatchOutputs,
-                                [&] { return device::load_acquire_sys(&box->sequence) == p.sequence; });
-    ok = __shfl_sync(~0u, ok, 0);
-    // Orders the reads below after lane 0's acquire (a shuffle alone does not).
-    __syncwarp();
-    // One word per lane, all in flight at once (volatile: no stale L1 line).
-    uint64_t word = 0;
-    if (lane < kWords) word = reinterpret_cast<const volatile uint64_t*>(&box->out)[lane];
-    const bool drop = __shfl_sync(~0u, lane == 0 ? *reinterpret_cast<const volatile int32_t*>(&box->drop) : 0, 0);
-    if (drop) word = 0;
-    if (lane < kWords) s_out[lane] = word;
-    if (first && ok) {
-      if (lane < kWords) reinterpret_cast<uint64_t*>(&p.relay->out)[lane] = word;
-      __syncwarp();
-      if (lane == 0) {
-        p.relay->drop = 0;
-        device::store_release_sys(&p.relay->sequence, p.sequence);
-      }
-    }
-    if (lane == 0) s_ok = ok;
-  }
-  __syncthreads();
-  memcpy(&out, s_out, sizeof(out));
-  return s_ok;
-}
-
 // This rank's tokens for itself, in the order its ring would have held them:
 // straight from the input into output rows row0, row0 + 1, ...
 __device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& o, int channel, int64_t row0,
@@ -208,8 +160,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const int lane = threadIdx.x % 32;
   const auto [group_warps, src, g] = warp_group(kWarps, R);
   __shared__ int32_t s_tail[kMaxNvlRanks];
-  DispatchOutputs o;
-  if (!resolve_outputs(p, o)) return;
+  const DispatchOutputs& o = a.out;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels, Q = region.ring_slots;
   char* self = bytes(p.peers.buffers[me]);
@@ -269,11 +220,12 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   }
 }
 
-// Rows past the received ones (num_worst_tokens) get no expert and no source.
-__device__ void fill_padding(const DispatchParams& p, int receiver, int num_receivers) {
+// Rows past the received ones (num_worst_tokens; all of them when the call
+// failed) get no expert and no source.
+__device__ void fill_padding(const DispatchParams& p, int receiver, int num_receivers, bool failed) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
-  const int num_recv = a.rank_prefix_matrix[(R - 1) * R + me];
+  const int num_recv = failed ? 0 : a.rank_prefix_matrix[(R - 1) * R + me];
   const int64_t per_row = 1 + a.num_topk;
   const int64_t total = (a.num_recv_rows - static_cast<int64_t>(num_recv)) * per_row;
   for (int64_t i = receiver * static_cast<int64_t>(kThreads) + threadIdx.x; i < total;
@@ -290,16 +242,22 @@ __device__ void fill_padding(const DispatchParams& p, int receiver, int num_rece
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
+  if (device::wait_abandoned(p.ctx.errors)) return;
   const char* self = bytes(p.peers.buffers[p.peers.rank]);
-  // The counts step found a bad bound (every rank skips) or a peer missing.
-  if (device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.status)) != 0) return;
-  if (device::error_recorded(p.ctx.errors)) return;
+  // The counts step found a bad input on some rank: every rank skips, leaving
+  // outputs a later kernel can read safely.
+  const bool failed = device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.status)) != 0;
   const int channel = blockIdx.x / 2;
+  const DispatchArgs& a = p.args;
   if (blockIdx.x % 2 == 0) {
-    send_tokens(p, channel);
-  } else {
-    if (p.args.num_worst_tokens > 0) fill_padding(p, channel, p.region.num_channels);
+    if (!failed) send_tokens(p, channel);
+    return;
+  }
+  if (a.num_worst_tokens > 0) fill_padding(p, channel, p.region.num_channels, failed);
+  if (!failed) {
     receive_tokens(p, channel);
+  } else if (blockIdx.x == 1 && a.out.source_num_tokens != nullptr && threadIdx.x < p.peers.num_ranks) {
+    a.out.source_num_tokens[threadIdx.x] = -1;
   }
 }
 

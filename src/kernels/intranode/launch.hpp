@@ -17,20 +17,12 @@ namespace turnout::kernels {
 // written it, after the counts.
 struct RecvCountsMailbox {
   int32_t sequence;
+  int32_t failed;  // a bad input on some rank: every rank skips the data step
   int32_t num_recv_tokens;
   int32_t num_recv_tokens_per_expert[1];  // [L], really
 };
 inline constexpr int64_t kMailboxBytes = 64 * 1024;
-inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 8) / 4;
-
-// Where the host leaves the outputs of a dispatch launched before they
-// existed (host-mapped): the fields, then `sequence` (the call's counts
-// sequence) last. `drop`: drain the rings without writing.
-struct OutputsMailbox {
-  int32_t sequence;
-  int32_t drop;
-  DispatchOutputs out;
-};
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 12) / 4;
 
 // The grid limits: one channel is a send block and a receive block.
 inline constexpr int kMaxChannels = 128;
@@ -42,14 +34,25 @@ struct Peers {
   int num_ranks;
 };
 
+// What combine's step before the data checks of its handle.
+struct HandleCheck {
+  const int32_t* rank_prefix_matrix;
+  const int32_t* source_num_tokens;
+  int num_rows;    // rows of combine's x
+  int num_tokens;  // rows of is_token_in_rank
+};
+
 // Meets the peers, resets this rank's ring counters, and (with `counts`)
 // exchanges the counts of a dispatch; the mailbox (may be null) gets the
-// receive sizes. Without `counts` it only prepares the rings (combine).
+// receive sizes. Without `counts` it prepares the rings of a combine and
+// checks its handle. Either way every rank learns whether some rank's input
+// was bad (then every rank's data step skips: the region's status).
 struct NotifyParams {
   Peers peers;
   IntranodeRegion region;
   bool exchange_counts;
   DispatchCountsArgs counts;
+  HandleCheck handle;
   RecvCountsMailbox* mailbox;  // device view of host-mapped memory, or null
   int32_t sequence;
   WaitContext ctx;
@@ -62,13 +65,6 @@ struct DispatchParams {
   DispatchSlot slot;
   DispatchArgs args;
   int experts_per_rank;  // L (0 without top-k)
-  // With args.outputs_later: device view of the host's mailbox, and the
-  // sequence that marks this call's outputs there.
-  const OutputsMailbox* outputs_box;
-  int32_t sequence;
-  // Device memory where the first receive block passes the outputs on to the
-  // others, so that one thread, not every block, polls host memory.
-  OutputsMailbox* relay;
   WaitContext ctx;
 };
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // The step before the data moves: meet the peers (none still touches our
 // rings), reset our ring counters, then hand every peer what it needs from us:
-// how many tokens we send it, per channel and per expert. One block.
+// how many tokens we send it, per channel and per expert, and whether our
+// input is bad, so that every rank skips the call together. One block.
 #include <cuda_runtime.h>
 
 #include "kernels/device/error_record.cuh"
@@ -13,14 +14,16 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-// The first bad expert id of this rank's input, if any.
+// Why this rank's input is bad (the OpKind whose check found it), or 0; for
+// kDispatch, where the first bad expert id of this call's topk_idx is.
 __shared__ int s_bad;
 __shared__ int64_t s_bad_index;
 __shared__ int64_t s_bad_value;
+__shared__ bool s_pending;  // the reason is an unshared error of an earlier call
 
 // Keeps the first bad expert id seen (valid: -1, or in [0, num_experts)).
 __device__ __forceinline__ void check_expert(int64_t e, int64_t index, int num_experts) {
-  if ((e < -1 || e >= num_experts) && atomicCAS(&s_bad, 0, 1) == 0) {
+  if ((e < -1 || e >= num_experts) && atomicCAS(&s_bad, 0, static_cast<int>(OpKind::kDispatch)) == 0) {
     s_bad_index = index;
     s_bad_value = e;
   }
@@ -28,6 +31,26 @@ __device__ __forceinline__ void check_expert(int64_t e, int64_t index, int num_e
 
 __device__ __forceinline__ int32_t* at(void* base, int64_t offset) {
   return reinterpret_cast<int32_t*>(static_cast<char*>(base) + offset);
+}
+
+// Combine's handle against its inputs: this rank's rows of rank_prefix_matrix
+// must rise within x's rows, and a failed dispatch marked its counts -1.
+// Returns the reason code of kBadHandle (1 rows, 2 failed dispatch) or 0,
+// with the rows the handle counts in *rows.
+__device__ int handle_misfit(const NotifyParams& p, int* rows) {
+  const HandleCheck& h = p.handle;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  if (h.source_num_tokens[me] != h.num_tokens) return 2;
+  int prev = 0;
+  for (int i = 0; i < R; ++i) {
+    const int v = h.rank_prefix_matrix[i * R + me];
+    if (v < prev || v > h.num_rows) {
+      *rows = v;
+      return 1;
+    }
+    prev = v;
+  }
+  return 0;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
@@ -40,9 +63,18 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   // Our own inputs are read before the first barrier, so the reading overlaps
   // the wait for the slowest peer.
   __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
+  __shared__ int s_handle_misfit, s_handle_rows;
+  if (threadIdx.x == 0) {
+    // A dispatch also fails for an unshared error of an earlier call (a
+    // layout call's bad expert id): its host raises after the launches, and
+    // the peers must not wait for the data step it then skips.
+    s_bad = p.exchange_counts ? device::unshared_input_error(p.ctx.errors) : 0;
+    s_pending = s_bad != 0;
+    s_handle_misfit = p.exchange_counts ? 0 : handle_misfit(p, &s_handle_rows);
+    if (s_handle_misfit) s_bad = static_cast<int>(OpKind::kCombine);
+  }
   if (p.exchange_counts) {
     for (int i = threadIdx.x; i < (C + 1) * kMaxNvlRanks; i += kThreads) (&s_start[0][0])[i] = 0;
-    if (threadIdx.x == 0) s_bad = 0;
     __syncthreads();
     // Tokens we send each rank, per channel. A warp takes 32 consecutive
     // tokens, which nearly always share a channel: then one shared atomic per
@@ -124,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     at(self, g.heads)[i] = 0;
   }
   if (threadIdx.x == 0) *at(self, g.status) = 0;
+  for (int j = threadIdx.x; j < R; j += kThreads) at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = s_bad;
 
   if (p.exchange_counts) {
     // Our row of the matrix goes to everyone; the rest is per destination.
@@ -136,7 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
       int32_t* info = at(p.peers.buffers[j], g.source_info) + me * 4;
       info[0] = a.num_tokens;
       info[1] = a.num_worst_tokens;
-      info[2] = s_bad;
     }
     for (int i = threadIdx.x; i < R * (C + 1); i += kThreads) {
       const int j = i / (C + 1), c = i % (C + 1);
@@ -150,14 +182,30 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   }
   // Barrier 2: our reset counters and every peer's counts are in place.
   if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
-  if (!p.exchange_counts) return;
-  if (threadIdx.x == 0 && s_bad)
-    device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
-                         static_cast<int>(s_bad_index % p.counts.num_topk), 0, s_bad_index / p.counts.num_topk,
-                         s_bad_value);
+  if (threadIdx.x == 0) {
+    if (s_pending)
+      device::mark_shared(p.ctx.errors);
+    else if (s_handle_misfit)
+      device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.handle.num_rows, 0,
+                           s_handle_misfit, s_handle_rows);
+    else if (s_bad)
+      device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
+                           static_cast<int>(s_bad_index % p.counts.num_topk), 0, s_bad_index / p.counts.num_topk,
+                           s_bad_value);
+  }
+  const int32_t* info = at(self, g.source_info);
+  if (!p.exchange_counts) {
+    for (int j = threadIdx.x; j < R; j += kThreads)
+      if (info[j * 4 + 2] != 0) {
+        *at(self, g.status) = 1;
+        if (j != me)
+          device::record_error(p.ctx.errors, DeviceErrorCode::kPeerInputError, p.ctx.rank, p.ctx.first_nvl_rank + j,
+                               info[j * 4 + 2], 0, 0);
+      }
+    return;
+  }
 
   const int32_t* matrix = at(self, g.matrix);
-  const int32_t* info = at(self, g.source_info);
   for (int j = threadIdx.x; j < R; j += kThreads) {
     int sum = 0;
     for (int i = 0; i < R; ++i) {
@@ -176,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
       *at(self, g.status) = 1;
       if (j != me)
         device::record_error(p.ctx.errors, DeviceErrorCode::kPeerInputError, p.ctx.rank, p.ctx.first_nvl_rank + j,
-                             0, 0, 0);
+                             info[j * 4 + 2], 0, 0);
     }
   }
   if (p.mailbox == nullptr) return;
@@ -195,6 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    p.mailbox->failed = *at(self, g.status);
     __threadfence_system();
     *static_cast<volatile int32_t*>(&p.mailbox->sequence) = p.sequence;
   }
