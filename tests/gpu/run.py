@@ -19,6 +19,7 @@ least 4 (ranks then share GPUs).
 """
 import argparse
 import atexit
+import ctypes
 import importlib
 import json
 import os
@@ -80,9 +81,18 @@ def worker_main(rank: int, world_size: int, port: int, device: int, tests, start
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=900))
     ctx = harness.Context(rank, world_size, device)
-    # A worker that leaves early through Python's exit path says where it was.
+    # A worker that leaves early through Python's exit path, or through a C
+    # exit() in native code (which skips Python's handlers), says where it was.
     at = {"test": None, "done": False}
     atexit.register(lambda: at["done"] or sys.stderr.write(f"rank {rank}: worker exiting during test {at['test']}\n"))
+
+    def on_c_exit(status, _):
+        if not at["done"]:
+            sys.stderr.write(f"rank {rank}: C exit({status}) during test {at['test']}; the stacks:\n")
+            faulthandler.dump_traceback(all_threads=True)
+
+    at["c_hook"] = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(on_c_exit)  # lives as long as the process
+    ctypes.CDLL(None).on_exit(at["c_hook"], None)
     for index in range(start, len(tests)):
         at["test"] = index
         module_name, fn_name, _ = tests[index]

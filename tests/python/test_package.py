@@ -11,7 +11,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 def test_public_names():
-    assert {"Buffer", "Config", "EventOverlap", "topk_idx_t"} <= set(turnout.__all__)
+    assert {"Buffer", "Config", "DispatchHandle", "EventOverlap", "topk_idx_t"} <= set(turnout.__all__)
     assert topk_idx_t is torch.int64
     assert Config is turnout._C.Config
 
