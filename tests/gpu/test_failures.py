@@ -193,11 +193,11 @@ def test_errors_under_graph_replay_are_kept(ctx):
                 step()  # warm-up outside the graph (no token goes anywhere)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
+            refused = torch.cuda.CUDAGraph()
             start = time.monotonic()
 
             def capture_waiting():
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(refused):
                     buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                                  num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=weights)
 
