@@ -197,28 +197,45 @@ def run_tests(tests, world_size: int, placement):
             wait_for_gpus(placement, world_size)
         procs, events = launch(world_size, tests_arg, index, placement)
         restart = False
+        # Ranks' output arrives through one thread each, so a rank's start of the
+        # next test may come before another rank's end of this one: held back.
+        held, last_seen = [], {}
         try:
             while index < len(tests) and not restart:
                 name, timeout = f"{tests[index][0]}::{tests[index][1]}", tests[index][2]
                 done, errors, started = {}, [], None
                 deadline = time.time() + timeout + 120  # the first test also waits for start-up
+                early = [item for item in held if item[1].get("test") == index]
+                held = [item for item in held if item[1].get("test") != index]
                 while len(done) < world_size:
                     try:
-                        rank, ev = events.get(timeout=max(0.0, deadline - time.time()))
+                        rank, ev = early.pop(0) if early else events.get(timeout=max(0.0, deadline - time.time()))
                     except queue.Empty:
                         missing = sorted(set(range(world_size)) - set(done))
-                        errors.append(f"hung: ranks {missing} did not finish within {timeout:.0f} s (killed)")
+                        seen = ", ".join(f"rank {r}: {last_seen.get(r, 'none')}" for r in missing)
+                        errors.append(f"hung: ranks {missing} did not finish within {timeout:.0f} s (killed; "
+                                      f"their last reports: {seen})")
                         restart = True
                         break
-                    if ev["event"] == "start" and ev["test"] == index and started is None:
+                    if "test" in ev:
+                        last_seen[rank] = f"{ev['event']} of test {ev['test']}"
+                        if ev["test"] > index:
+                            held.append((rank, ev))
+                            continue
+                        if ev["test"] < index:
+                            errors.append(f"rank {rank} reported the {ev['event']} of test {ev['test']} after "
+                                          f"the run had moved on to test {index}")
+                            continue
+                    if ev["event"] == "start" and started is None:
                         started = time.time()
                         deadline = started + timeout
-                    elif ev["event"] == "end" and ev["test"] == index:
+                    elif ev["event"] == "end":
                         done[rank] = ev
                         if not ev["ok"]:
                             errors.append(f"rank {rank}:\n{ev['error']}")
                     elif ev["event"] == "exit":
-                        errors.append(f"rank {rank} exited with code {ev['code']} during the test")
+                        errors.append(f"rank {rank} exited with code {ev['code']} during the test (its last "
+                                      f"report: {last_seen.get(rank, 'none')})")
                         restart = True
                         break
                 seconds = time.time() - (started or time.time())
