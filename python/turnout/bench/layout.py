@@ -1,6 +1,10 @@
 """layout: get_dispatch_layout for 4096 tokens x top-8 of 256 experts, as a CUDA
 graph (the GPU time) and call by call as a training step sees it (CUDA events
-around each eager call, L2 flushed before), plus a sweep over the token count."""
+around each eager call, L2 flushed before), plus a sweep over the token count.
+
+The op is local to a rank, so ranks that share a GPU take turns: otherwise a
+rank's timed call would also time the other ranks' 256 MB flushes and calls
+running beside it, which a rank with a GPU of its own never sees."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -8,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..buffer import Buffer
-from ..launch import run_on_local_gpus
+from ..launch import gpus_shared, run_on_local_gpus
 from .progress import Progress
 from .report import column, range_column
 from .timing import merge_ranks, time_each, time_graph
@@ -48,12 +52,25 @@ def row(num_tokens: int, mode: str, time_us: float, target_us: Optional[float] =
             "time_us": time_us, "target_us": target_us}
 
 
-def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
+def measure(rank: int, world_size: int, quick: bool, take_turns: bool) -> List[Dict]:
     """One rank's layout times (run in every rank's process)."""
+    buffer = Buffer(dist.group.WORLD)
+    if not take_turns:
+        return measure_alone(rank, buffer, quick)
+    rows = []
+    for turn in range(world_size):
+        dist.barrier()
+        if turn == rank:
+            rows = measure_alone(rank, buffer, quick)
+            torch.cuda.synchronize()
+    dist.barrier()
+    return rows
+
+
+def measure_alone(rank: int, buffer: Buffer, quick: bool) -> List[Dict]:
     replays = 3 if quick else 10
     warmup, iters = (10, 50) if quick else (50, 200)
     torch.manual_seed(rank)
-    buffer = Buffer(dist.group.WORLD)
     progress = Progress(len(SWEEP_TOKENS) + 1, "layout", enabled=rank == 0)
     rows = []
     for num_tokens in SWEEP_TOKENS:
@@ -75,7 +92,8 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
 
 
 def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
-    return merge_ranks(run_on_local_gpus(measure, (quick,), num_ranks, "nccl"), "time_us")
+    shared = gpus_shared(num_ranks or torch.cuda.device_count())
+    return merge_ranks(run_on_local_gpus(measure, (quick, shared), num_ranks, "nccl"), "time_us")
 
 
 def plot_series(rows: List[Dict]) -> Dict:
