@@ -13,7 +13,6 @@
 #include <span>
 #include <vector>
 
-#include "reference_bindings.hpp"
 #include "turnout/turnout.hpp"
 
 namespace nb = nanobind;
@@ -312,6 +311,4 @@ NB_MODULE(_C, m) {
   bind_buffer(m);
   m.def("is_sm90_compiled", &turnout::is_sm90_compiled);
   m.def("default_timeout_s", &turnout::default_timeout_s);
-  nb::module_ ref = m.def_submodule("reference", "Host reference of every op (the test oracle)");
-  turnout::bindings::bind_reference(ref);
 }

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace ref = turnout::reference;
 

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "expect_invalid_argument.hpp"
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace ref = turnout::reference;
 

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace ref = turnout::reference;
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 #include "turnout/turnout.hpp"
 
 namespace {

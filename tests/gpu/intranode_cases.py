@@ -10,6 +10,7 @@ import torch
 
 import routing
 import turnout
+import turnout_reference
 from harness import assert_equal
 
 
@@ -62,7 +63,7 @@ def inputs_of(case: Case, n: int, rank: int) -> Inputs:
         x = (data, scales)
     else:
         x = torch.randn(t, h, generator=gen).bfloat16()
-    in_rank = turnout._C.reference.get_dispatch_layout(topk_idx.numpy(), n, case.experts, n)[3]
+    in_rank = turnout_reference.get_dispatch_layout(topk_idx.numpy(), n, case.experts, n)[3]
     return Inputs(x, topk_idx, weights, in_rank)
 
 
@@ -85,7 +86,7 @@ def x_bytes(x) -> np.ndarray:
 def reference_dispatch(case: Case, n: int, all_inputs, x_override=None):
     """Every rank's reference dispatch result (x_override: other x, same routing)."""
     xs = x_override if x_override is not None else [i.x for i in all_inputs]
-    return turnout._C.reference.normal_dispatch(
+    return turnout_reference.normal_dispatch(
         [x_bytes(x) for x in xs],
         [x[1].contiguous().numpy() if isinstance(x, tuple) else None for x in xs],
         [i.topk_idx.numpy() if case.topk else None for i in all_inputs],
@@ -162,7 +163,7 @@ def reference_combine(case: Case, n: int, refs, rank: int):
         ws.append(refs[r].recv_topk_weights if case.topk else None)
         b0.append(biases[0].view(torch.int16).numpy().view(np.uint16) if len(biases) > 0 else None)
         b1.append(biases[1].view(torch.int16).numpy().view(np.uint16) if len(biases) > 1 else None)
-    return turnout._C.reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk, only_rank=rank)[rank]
+    return turnout_reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk, only_rank=rank)[rank]
 
 
 def combine(buf, case: Case, n: int, rank: int, out, device, worst: int = 0, **kwargs):

@@ -8,6 +8,7 @@ import torch
 
 import routing
 import turnout
+import turnout_reference
 from harness import assert_equal, assert_raises
 
 NVL_BYTES = 1 << 20
@@ -19,7 +20,7 @@ def generator(*key) -> torch.Generator:
 
 def assert_layout_correct(buf, topk_idx, n: int, num_experts: int, what: str) -> None:
     per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, num_experts)
-    ref = turnout._C.reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, num_experts, n)
+    ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, num_experts, n)
     assert per_rdma is None, f"{what}: num_tokens_per_rdma_rank must be None in one NVL domain"
     assert_equal(per_rank, ref[0], f"{what}: num_tokens_per_rank")
     assert_equal(per_expert, ref[2], f"{what}: num_tokens_per_expert")

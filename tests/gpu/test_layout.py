@@ -7,6 +7,7 @@ import torch
 
 import routing
 import turnout
+import turnout_reference
 from harness import assert_equal
 
 NVL_BYTES = 1 << 20
@@ -33,7 +34,7 @@ def make_routing(kind: str, num_tokens: int, num_experts: int, num_topk: int, n:
 
 def check_layout(out, topk_idx, num_ranks: int, num_experts: int, num_nvl_ranks: int, what: str) -> None:
     per_rank, per_rdma, per_expert, in_rank, _ = out
-    ref_rank, ref_rdma, ref_expert, ref_in_rank = turnout._C.reference.get_dispatch_layout(
+    ref_rank, ref_rdma, ref_expert, ref_in_rank = turnout_reference.get_dispatch_layout(
         topk_idx.cpu().numpy(), num_ranks, num_experts, num_nvl_ranks)
     assert per_rank.dtype == per_expert.dtype == torch.int32, \
         f"{what}: count dtypes {per_rank.dtype}, {per_expert.dtype}"

@@ -11,6 +11,7 @@ import torch
 
 import routing
 import turnout
+import turnout_reference
 from harness import assert_equal, assert_raises
 
 TIMEOUT_S = 1.0
@@ -69,7 +70,7 @@ def test_absent_peer_times_out_at_barrier(ctx):
             buf._barrier()
             topk_idx = routing.uniform(256, 8 * n, 4, generator("after timeout", n, ctx.rank), ctx.device)
             per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
-            ref = turnout._C.reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
+            ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
             assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after a timeout")
             assert_equal(per_expert, ref[2], f"n={n}: num_tokens_per_expert after a timeout")
             assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after a timeout")
@@ -134,7 +135,7 @@ def test_ctrl_c_ends_a_host_wait(ctx):
         torch.cuda.synchronize()
         topk_idx = routing.uniform(256, 8 * n, 4, generator("after ctrl-c", n, ctx.rank), ctx.device)
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
-        ref = turnout._C.reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
+        ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
         assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after Ctrl-C")
         assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after Ctrl-C")
     finally:

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace turnout::reference {
 

@@ -1,5 +1,4 @@
-#include "reference_bindings.hpp"
-
+#include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -10,12 +9,12 @@
 #include <stdexcept>
 #include <vector>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
+namespace reference = turnout::reference;
 
-namespace turnout::bindings {
 namespace {
 
 template <typename T>
@@ -150,7 +149,8 @@ auto copy_out(const std::vector<T>& v, size_t rows, size_t cols) {
 
 }  // namespace
 
-void bind_reference(nb::module_& m) {
+NB_MODULE(turnout_reference, m) {
+  m.doc() = "Host reference of every op: the oracle the tests compare turnout with";
   // Each property hands Python a new array or value of its own.
   constexpr auto fresh = nb::rv_policy::automatic;
   using D = const DispatchResult&;
@@ -195,5 +195,3 @@ void bind_reference(nb::module_& m) {
   m.def("cast_to_fp8", &cast_to_fp8, "x"_a, "round_scale"_a, "use_ue8m0"_a,
         "Per-128-channel FP8 cast of bf16 rows (uint16 bits): (q uint8, scales float32, packed ue8m0 uint32)");
 }
-
-}  // namespace turnout::bindings

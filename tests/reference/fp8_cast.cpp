@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace turnout::reference {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "turnout/reference.hpp"
+#include "reference.hpp"
 
 namespace turnout::reference {
 
