@@ -3,13 +3,12 @@
 #include <string>
 
 #include "kernels/intranode/region.hpp"
+#include "runtime/align.hpp"
 #include "turnout/error.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {
 namespace {
-
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw InvalidArgument(what);
@@ -72,17 +71,18 @@ size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks) con
   return align_up(bytes, 128);
 }
 
-Config get_dispatch_config(int num_ranks, int num_sms) {
-  require_ranks(num_ranks, "get_dispatch_config");
-  if (num_ranks <= kMaxNvlRanks) return Config(num_sms, 8, 256, 6, 128);
-  return Config(num_sms, 8, 256, 16, 128);
+namespace {
+
+Config tuned_config(const char* fn, int num_ranks, int num_sms) {
+  require_ranks(num_ranks, fn);
+  return Config(num_sms, 8, 256, num_ranks <= kMaxNvlRanks ? 6 : 16, 128);
 }
 
-Config get_combine_config(int num_ranks, int num_sms) {
-  require_ranks(num_ranks, "get_combine_config");
-  if (num_ranks <= kMaxNvlRanks) return Config(num_sms, 8, 256, 6, 128);
-  return Config(num_sms, 8, 256, 16, 128);
-}
+}  // namespace
+
+Config get_dispatch_config(int num_ranks, int num_sms) { return tuned_config("get_dispatch_config", num_ranks, num_sms); }
+
+Config get_combine_config(int num_ranks, int num_sms) { return tuned_config("get_combine_config", num_ranks, num_sms); }
 
 size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks, int num_experts) {
   const std::string fn = "get_low_latency_rdma_size_hint: ";

@@ -1,5 +1,7 @@
-// The communication buffer of one rank: peer memory, streams, the error word,
-// and the ops. Usable from C++ alone: raw device pointers and CUDA streams.
+// The communication buffer of one rank: the facade of every mode's ops.
+// Usable from C++ alone: raw device pointers and CUDA streams. What the ops
+// share (peer memory, streams, the error word) and each mode's own state live
+// behind it, in src/.
 #pragma once
 
 #include <cstddef>
@@ -8,17 +10,11 @@
 #include <cuda_runtime_api.h>
 
 #include "turnout/bootstrap.hpp"
-#include "turnout/cuda_resources.hpp"
-#include "turnout/device_error.hpp"
 #include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
-#include "turnout/peer_memory.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {
-namespace kernels {
-struct WaitContext;
-}
 
 // Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
 double default_timeout_s();
@@ -49,20 +45,20 @@ class Buffer {
   // timeout) so none still touches our memory, then frees everything.
   // Idempotent; the destructor calls it.
   void destroy();
-  bool destroyed() const { return !nvl_; }
+  bool destroyed() const;
 
-  const Topology& topology() const { return topology_; }
-  int device() const { return device_; }
-  double timeout_s() const { return timeout_s_; }
+  const Topology& topology() const;
+  int device() const;
+  double timeout_s() const;
   // SMs one op may use: the GPU's SMs divided among the ranks of the NVL
   // domain that share it (the smallest share over the domain, even). A
   // config asking for more runs on this many; blocks spin waiting for peer
   // blocks, so every rank's blocks must fit on the GPUs at once.
-  int sm_budget() const { return sm_budget_; }
+  int sm_budget() const;
   // Ranks of the NVL domain on this rank's GPU, this one included.
-  int ranks_on_gpu() const { return ranks_on_gpu_; }
-  size_t num_nvl_bytes() const { return options_.num_nvl_bytes; }
-  cudaStream_t comm_stream() const { return comm_stream_; }
+  int ranks_on_gpu() const;
+  size_t num_nvl_bytes() const;
+  cudaStream_t comm_stream() const;
   // The user-visible part of this rank's NVL buffer (num_nvl_bytes bytes).
   void* local_nvl_buffer() const;
   // Device table of every NVL peer's user-visible buffer (kMaxNvlRanks entries).
@@ -93,7 +89,7 @@ class Buffer {
   void dispatch(const DispatchArgs& args, cudaStream_t stream);
   // Seconds the last host wait for receive counts took, until they arrived:
   // what a dispatch's host time is counted without.
-  double last_host_wait_s() const { return last_host_wait_s_; }
+  double last_host_wait_s() const;
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
 
@@ -114,42 +110,16 @@ class Buffer {
   // event: cheaper than a fresh one per call).
   void join(cudaStream_t waiter, cudaStream_t waited);
 
-  // Throws if a kernel left an error record (see DeviceErrorWord::check).
+  // Throws the error a kernel recorded, if any (see above).
   void check_errors(const char* op);
   // Host wait for `stream`, polling the error word; raises TimeoutError if the
   // GPU has not finished within the timeout (+2 s for the kernels' own).
   void synchronize(cudaStream_t stream, const char* op);
 
  private:
-  void require_alive(const char* op) const;
-  int begin_intranode_op(const char* op, int num_sms, int send_tokens, int recv_tokens);
-  DispatchCounts wait_recv_counts(const char* op, int32_t sequence, int experts_per_rank);
-  // The wait context of the current call: each op starts one (++calls_), so
-  // that an error names the call that caused it.
-  kernels::WaitContext wait_context(OpKind op) const;
-
-  BufferOptions options_;
-  double timeout_s_;
-  int device_ = 0;
-  Topology topology_;
-  Stream owned_comm_stream_;
-  cudaStream_t comm_stream_ = nullptr;
-  Event sync_event_;
-  Event join_event_;
-  DeviceErrorWord errors_;
-  std::unique_ptr<PeerMemory> nvl_;
-  DeviceMemory peer_user_table_;
-  DeviceMemory layout_pool_;  // the eager calls' workspace, then the captured calls'
-  size_t layout_pool_used_ = 0;
-  int64_t calls_ = 0;
-  int64_t last_dispatch_call_ = 0;  // the call of the last dispatch launched
-  // Where the counts step leaves the receive sizes for the host.
-  HostMemory recv_counts_;
-  void* recv_counts_device_ = nullptr;
-  int32_t recv_counts_sequence_ = 0;
-  double last_host_wait_s_ = 0;
-  int sm_budget_ = 2;
-  int ranks_on_gpu_ = 1;
+  // The state every op shares, then each mode's own (src/buffer.cpp).
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // True if this build holds sm_90 machine code.

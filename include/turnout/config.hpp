@@ -5,16 +5,22 @@
 
 namespace turnout {
 
+// DeepEP's defaults of a Config, also those of every op's arguments.
+inline constexpr int kDefaultNumSms = 20;
+inline constexpr int kDefaultSendTokens = 6;
+inline constexpr int kDefaultRecvTokens = 256;
+
 struct Config {
-  int num_sms = 20;
-  int num_max_nvl_chunked_send_tokens = 6;
-  int num_max_nvl_chunked_recv_tokens = 256;
-  int num_max_rdma_chunked_send_tokens = 6;
-  int num_max_rdma_chunked_recv_tokens = 256;
+  int num_sms = kDefaultNumSms;
+  int num_max_nvl_chunked_send_tokens = kDefaultSendTokens;
+  int num_max_nvl_chunked_recv_tokens = kDefaultRecvTokens;
+  int num_max_rdma_chunked_send_tokens = kDefaultSendTokens;
+  int num_max_rdma_chunked_recv_tokens = kDefaultRecvTokens;
 
   Config() = default;
   // Throws InvalidArgument naming the field if a value is out of range.
-  Config(int num_sms, int nvl_send, int nvl_recv, int rdma_send = 6, int rdma_recv = 256);
+  Config(int num_sms, int nvl_send, int nvl_recv, int rdma_send = kDefaultSendTokens,
+         int rdma_recv = kDefaultRecvTokens);
 
   // Bytes of NVL buffer every call made with this config needs. `hidden_bytes`
   // is the row size of x (hidden * element size).
@@ -28,7 +34,8 @@ inline constexpr int kMaxTopk = 32;
 inline constexpr int kMinRanks = 2;
 inline constexpr int kMaxRanks = 160;
 
-// Tuned defaults for a group of `num_ranks` (kMinRanks..kMaxRanks).
+// Tuned defaults for a group of `num_ranks` (kMinRanks..kMaxRanks); dispatch
+// and combine are tuned alike today.
 Config get_dispatch_config(int num_ranks, int num_sms);
 Config get_combine_config(int num_ranks, int num_sms);
 

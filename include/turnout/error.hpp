@@ -33,8 +33,8 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
-// A host wait stopped because the interrupt check asked it to
-// (turnout/interrupt.hpp); the GPU work it waited for may still run.
+// A host wait stopped because the interrupt check asked it to (below); the
+// GPU work it waited for may still run.
 class Interrupted : public Error {
  public:
   using Error::Error;
@@ -49,6 +49,16 @@ class CudaError : public Error {
  private:
   cudaError_t code_;
 };
+
+// Host waits (for the receive counts, for the GPU) ask this check every few
+// milliseconds and throw Interrupted when it returns true. None is set by
+// default; the Python module sets one that runs Python's signal handlers, so
+// Ctrl-C during a wait raises KeyboardInterrupt. Called from the waiting
+// thread; must be cheap and must not throw.
+using InterruptCheck = bool (*)();
+
+// Process-wide; nullptr removes it.
+void set_interrupt_check(InterruptCheck check);
 
 namespace detail {
 [[noreturn]] void throw_cuda_error(cudaError_t code, const char* expr, const char* file, int line);

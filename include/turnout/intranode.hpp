@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "turnout/config.hpp"
+
 namespace turnout {
 
 // What the counts step reads (this rank as a source).
@@ -25,9 +27,9 @@ struct DispatchCountsArgs {
   int num_topk = 0;
   int expert_alignment = 1;                        // per-expert receive counts round up to this
   int num_worst_tokens = 0;                        // > 0: no host wait, outputs have this many rows
-  int num_sms = 20;                                // the config of the dispatch that follows
-  int num_max_send_tokens = 8;
-  int num_max_recv_tokens = 256;
+  int num_sms = kDefaultNumSms;  // the config of the dispatch that follows
+  int num_max_send_tokens = kDefaultSendTokens;
+  int num_max_recv_tokens = kDefaultRecvTokens;
   // Filled on the device for the handle: rank_prefix_matrix[i][j] = tokens
   // ranks 0..i send rank j.
   int32_t* rank_prefix_matrix = nullptr;
@@ -70,9 +72,9 @@ struct DispatchArgs {
   const int32_t* rank_prefix_matrix = nullptr;  // from the counts step (or a handle)
   int num_recv_rows = 0;                  // rows of the outputs (num_recv, or num_worst_tokens)
   int num_worst_tokens = 0;
-  int num_sms = 20;                       // the same as the counts step's
-  int num_max_send_tokens = 8;
-  int num_max_recv_tokens = 256;
+  int num_sms = kDefaultNumSms;  // the same as the counts step's
+  int num_max_send_tokens = kDefaultSendTokens;
+  int num_max_recv_tokens = kDefaultRecvTokens;
   // A dispatch that failed on the device (a bad input on any rank) writes
   // only: -1 in every source count (so combine refuses the handle) and, with
   // num_worst_tokens, every row as padding.
@@ -96,9 +98,9 @@ struct CombineArgs {
   const int32_t* recv_src_idx = nullptr;
   const bool* is_token_in_rank = nullptr;  // [T, R] of this rank's dispatch
   int num_tokens = 0;                      // T
-  int num_sms = 20;
-  int num_max_send_tokens = 8;
-  int num_max_recv_tokens = 256;
+  int num_sms = kDefaultNumSms;
+  int num_max_send_tokens = kDefaultSendTokens;
+  int num_max_recv_tokens = kDefaultRecvTokens;
   void* combined_x = nullptr;              // [T, hidden] bf16
   float* combined_topk_weights = nullptr;  // [T, K] with topk_weights
 };

@@ -1,4 +1,4 @@
-#include "turnout/cuda_resources.hpp"
+#include "runtime/cuda_resources.hpp"
 
 #include "turnout/error.hpp"
 

@@ -1,4 +1,4 @@
-#include "turnout/device_error.hpp"
+#include "runtime/device_error.hpp"
 
 #include <chrono>
 #include <cstring>

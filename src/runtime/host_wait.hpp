@@ -15,6 +15,14 @@ struct HostWaitPolicy {
   std::chrono::microseconds nap;       // then sleep this long between polls
 };
 
+// A wait for work that usually takes microseconds: poll back to back briefly,
+// then stop burning a core.
+inline constexpr HostWaitPolicy kShortWait{std::chrono::microseconds(200), std::chrono::microseconds(50)};
+// A wait for the peers (a dispatch's receive counts): a sleep costs the timer
+// slack (~50 us) after they land, so the first second only yields; a wait that
+// long hides a sleep's cost.
+inline constexpr HostWaitPolicy kPeerWait{std::chrono::seconds(1), std::chrono::microseconds(50)};
+
 // How often a wait asks the interrupt check.
 inline constexpr std::chrono::milliseconds kInterruptPeriod{10};
 

@@ -1,10 +1,9 @@
-#include "turnout/interrupt.hpp"
+#include "turnout/error.hpp"
 
 #include <atomic>
 #include <string>
 
 #include "runtime/host_wait.hpp"
-#include "turnout/error.hpp"
 
 namespace turnout {
 namespace {

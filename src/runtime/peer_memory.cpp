@@ -1,4 +1,4 @@
-#include "turnout/peer_memory.hpp"
+#include "runtime/peer_memory.hpp"
 
 #include <unistd.h>
 

@@ -8,7 +8,7 @@
 
 #include "runtime/host_wait.hpp"
 #include "turnout/error.hpp"
-#include "turnout/interrupt.hpp"
+#include "turnout/error.hpp"
 
 namespace turnout {
 namespace {

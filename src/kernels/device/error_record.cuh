@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "turnout/device_error.hpp"
+#include "runtime/device_error.hpp"
 
 namespace turnout::device {
 

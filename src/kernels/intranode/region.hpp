@@ -7,9 +7,9 @@
 
 #include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
 
-namespace turnout::kernels {
+#include "runtime/align.hpp"
 
-__host__ __device__ constexpr int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
+namespace turnout::kernels {
 
 // Bytes of the per-call counts area before the rings (the size hints reserve it).
 inline constexpr int64_t kIntranodeMetaBytes = 64 * 1024;
@@ -54,7 +54,7 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t start = at;
-    at = (at + bytes + 127) / 128 * 128;
+    at = align_up(at + bytes, 128);
     return start;
   };
   r.matrix = take(R * R * 4);
@@ -86,10 +86,10 @@ struct DispatchSlot {
 inline DispatchSlot make_dispatch_slot(int row_bytes, int num_scales, int num_topk) {
   DispatchSlot s;
   s.row_bytes = row_bytes;
-  s.scales = static_cast<int>(align16(row_bytes));
-  s.topk = s.scales + static_cast<int>(align16(int64_t(num_scales) * 4));
-  s.weights = s.topk + static_cast<int>(align16(int64_t(num_topk) * 4));
-  s.src = s.weights + static_cast<int>(align16(int64_t(num_topk) * 4));
+  s.scales = static_cast<int>(align_up(row_bytes, 16));
+  s.topk = s.scales + static_cast<int>(align_up(int64_t(num_scales) * 4, 16));
+  s.weights = s.topk + static_cast<int>(align_up(int64_t(num_topk) * 4, 16));
+  s.src = s.weights + static_cast<int>(align_up(int64_t(num_topk) * 4, 16));
   s.bytes = s.src + 16;
   return s;
 }
@@ -104,8 +104,8 @@ struct CombineSlot {
 inline CombineSlot make_combine_slot(int hidden, int num_topk) {
   CombineSlot s;
   s.row_bytes = hidden * 2;
-  s.weights = static_cast<int>(align16(s.row_bytes));
-  s.bytes = s.weights + static_cast<int>(align16(int64_t(num_topk) * 4));
+  s.weights = static_cast<int>(align_up(s.row_bytes, 16));
+  s.bytes = s.weights + static_cast<int>(align_up(int64_t(num_topk) * 4, 16));
   return s;
 }
 

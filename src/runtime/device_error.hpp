@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "turnout/cuda_resources.hpp"
+#include "runtime/cuda_resources.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "turnout/bootstrap.hpp"
-#include "turnout/cuda_resources.hpp"
+#include "runtime/cuda_resources.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {

@@ -1,0 +1,178 @@
+#include "ops/buffer_core.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/launch.hpp"
+#include "runtime/align.hpp"
+#include "runtime/control_region.hpp"
+#include "runtime/sm_budget.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout {
+namespace {
+
+constexpr double kDefaultTimeoutS = 100.0;
+// A host wait gives the kernels' own timeout this much longer before it gives
+// up on the GPU altogether.
+constexpr double kHostGraceS = 2.0;
+
+struct RankInfo {
+  uint64_t host_id;
+  uint64_t num_nvl_bytes;
+  uint64_t num_rdma_bytes;
+  RankGpu gpu;
+};
+
+}  // namespace
+
+double default_timeout_s() {
+  const char* env = std::getenv("TURNOUT_TIMEOUT_S");
+  if (!env || !*env) return kDefaultTimeoutS;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  if (*end != '\0' || !std::isfinite(v) || v <= 0)
+    throw InvalidArgument(std::string("TURNOUT_TIMEOUT_S must be a positive number of seconds, got '") + env + "'");
+  return v;
+}
+
+BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
+    : options_(options), timeout_s_(options.timeout_s > 0 ? options.timeout_s : default_timeout_s()) {
+  if (options.low_latency_mode)
+    throw NotSupported("Buffer: low_latency_mode is not available in this version of turnout");
+  if (options.num_rdma_bytes > 0)
+    throw NotSupported("Buffer: num_rdma_bytes > 0 (internode / low-latency buffer) is not available in this version "
+                       "of turnout; pass num_rdma_bytes=0");
+  if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
+  TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
+
+  const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes, local_rank_gpu(device_)};
+  const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
+  std::vector<RankInfo> all(bootstrap.size());
+  std::memcpy(all.data(), gathered.data(), all.size() * sizeof(RankInfo));
+  std::vector<uint64_t> host_ids;
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    if (all[r].num_nvl_bytes != mine.num_nvl_bytes)
+      throw InvalidArgument("Buffer: num_nvl_bytes differs between ranks: rank " + std::to_string(r) + " passed " +
+                            std::to_string(all[r].num_nvl_bytes) + ", rank " + std::to_string(bootstrap.rank()) +
+                            " passed " + std::to_string(mine.num_nvl_bytes));
+    host_ids.push_back(all[r].host_id);
+  }
+  topology_ = make_topology(bootstrap.rank(), host_ids, options.nvl_domain_size);
+  std::vector<RankGpu> domain;
+  for (int nvl = 0; nvl < topology_.num_nvl_ranks; ++nvl) domain.push_back(all[topology_.nvl_peer_rank(nvl)].gpu);
+  sm_budget_ = turnout::sm_budget(domain);
+  ranks_on_gpu_ = turnout::ranks_on_gpu(domain, topology_.nvl_rank());
+
+  if (options.comm_stream) {
+    comm_stream_ = options.comm_stream;
+  } else {
+    owned_comm_stream_ = create_comm_stream();
+    comm_stream_ = owned_comm_stream_.get();
+  }
+  sync_event_ = create_event();
+  join_event_ = create_event();
+  const size_t user_bytes = align_up(static_cast<int64_t>(options.num_nvl_bytes), 16);
+  nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes);
+  void* user[kMaxNvlRanks] = {};
+  for (int i = 0; i < topology_.num_nvl_ranks; ++i) user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
+  peer_user_table_ = allocate_device(sizeof(user));
+  TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
+}
+
+void BufferCore::destroy() {
+  if (!nvl_) return;
+  // Peers may still be reading or writing our memory: meet them first, unless
+  // a peer already failed to arrive (then a barrier would only wait again).
+  cudaError_t st = cudaDeviceSynchronize();
+  if (st == cudaSuccess && !errors_.timed_out() && topology_.num_nvl_ranks > 1) {
+    try {
+      barrier(comm_stream_);
+      synchronize(comm_stream_, "Buffer.destroy");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "turnout: rank %d: peers did not meet at destroy, freeing anyway: %s\n", topology_.rank,
+                   e.what());
+    }
+  }
+  peer_user_table_.reset();
+  nvl_.reset();
+  sync_event_.reset();
+  join_event_.reset();
+  owned_comm_stream_.reset();
+  comm_stream_ = nullptr;
+  if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
+}
+
+void BufferCore::require_alive(const char* op) const {
+  if (!nvl_) throw Error(std::string(op) + ": the buffer was destroyed");
+}
+
+void* BufferCore::local_nvl_buffer() const {
+  require_alive("local_nvl_buffer");
+  return static_cast<char*>(nvl_->local()) + kControlBytes;
+}
+
+void* const* BufferCore::peer_nvl_table() const {
+  require_alive("peer_nvl_table");
+  return static_cast<void* const*>(peer_user_table_.get());
+}
+
+kernels::WaitContext BufferCore::wait_context(OpKind op) const {
+  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank,
+          topology_.nvl_peer_rank(0)};
+}
+
+double BufferCore::host_limit_s() const { return timeout_s_ + kHostGraceS; }
+
+HostClock::time_point BufferCore::host_deadline(HostClock::time_point start) const {
+  return start + std::chrono::duration_cast<HostClock::duration>(std::chrono::duration<double>(host_limit_s()));
+}
+
+void BufferCore::check_errors(const char* op) {
+  errors_.check(op, topology_.nvl_peer_rank(0), last_dispatch_call_);
+}
+
+void BufferCore::join(cudaStream_t waiter, cudaStream_t waited) {
+  require_alive("join");
+  if (waiter == waited) return;
+  TURNOUT_CUDA_CHECK(cudaEventRecord(join_event_.get(), waited));
+  TURNOUT_CUDA_CHECK(cudaStreamWaitEvent(waiter, join_event_.get(), 0));
+}
+
+void BufferCore::synchronize(cudaStream_t stream, const char* op) {
+  require_alive(op);
+  TURNOUT_CUDA_CHECK(cudaEventRecord(sync_event_.get(), stream));
+  const auto done = [&] {
+    const cudaError_t st = cudaEventQuery(sync_event_.get());
+    if (st != cudaSuccess && st != cudaErrorNotReady)
+      detail::throw_cuda_error(st, "cudaEventQuery", __FILE__, __LINE__);
+    return st == cudaSuccess;
+  };
+  // A timeout ends the wait at once (the kernels drain by themselves); an
+  // input error is raised once the work is done, so clearing it cannot race
+  // with a kernel that is still recording. Most waits are microseconds: poll
+  // back to back briefly, then stop burning a core.
+  const auto timed_out = [&] {
+    if (errors_.timed_out()) check_errors(op);
+  };
+  if (!host_wait(op, host_deadline(HostClock::now()), kShortWait, done, timed_out))
+    throw TimeoutError(std::string(op) + ": rank " + std::to_string(topology_.rank) +
+                       ": the GPU did not finish within " + std::to_string(host_limit_s()) + " s");
+  check_errors(op);
+}
+
+void BufferCore::barrier(cudaStream_t stream) {
+  require_alive("barrier");
+  check_errors("barrier");
+  begin_call();
+  kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks,
+                          wait_context(OpKind::kBarrier), stream);
+}
+
+}  // namespace turnout

@@ -1,0 +1,78 @@
+// What every op of a Buffer shares: who the rank is, its streams, its peer
+// memory, the error word and the call count. Each mode keeps its own state
+// beside it (src/ops/<mode>/) and reaches the peers through it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/wait_context.hpp"
+#include "runtime/cuda_resources.hpp"
+#include "runtime/device_error.hpp"
+#include "runtime/host_wait.hpp"
+#include "runtime/peer_memory.hpp"
+#include "turnout/buffer.hpp"
+
+namespace turnout {
+
+class BufferCore {
+ public:
+  // Collective over `bootstrap`: learns the group, maps the peers' memory.
+  BufferCore(Bootstrap& bootstrap, const BufferOptions& options);
+
+  // Meets the peers (unless one already failed to arrive), then frees.
+  void destroy();
+  bool destroyed() const { return !nvl_; }
+  void require_alive(const char* op) const;
+
+  const BufferOptions& options() const { return options_; }
+  const Topology& topology() const { return topology_; }
+  int device() const { return device_; }
+  double timeout_s() const { return timeout_s_; }
+  int sm_budget() const { return sm_budget_; }
+  int ranks_on_gpu() const { return ranks_on_gpu_; }
+  cudaStream_t comm_stream() const { return comm_stream_; }
+  const PeerMemory& nvl() const { return *nvl_; }
+  void* local_nvl_buffer() const;
+  void* const* peer_nvl_table() const;
+  bool timed_out() const { return errors_.timed_out(); }
+
+  // Each op starts a call (numbered, so that an error names it); a dispatch
+  // is remembered, since its counts step tells the peers of a layout error.
+  int64_t begin_call() { return ++calls_; }
+  int64_t begin_dispatch_call() { return last_dispatch_call_ = ++calls_; }
+  DeviceErrorSlot error_slot(OpKind op) const { return errors_.device(op, calls_); }
+  // The wait context of the current call.
+  kernels::WaitContext wait_context(OpKind op) const;
+
+  // When a host wait that starts at `start` gives up: the kernels' own
+  // timeout plus a grace, so that their record names the missing peer.
+  HostClock::time_point host_deadline(HostClock::time_point start) const;
+  double host_limit_s() const;
+
+  void check_errors(const char* op);
+  void join(cudaStream_t waiter, cudaStream_t waited);
+  void synchronize(cudaStream_t stream, const char* op);
+  void barrier(cudaStream_t stream);
+
+ private:
+  BufferOptions options_;
+  double timeout_s_;
+  int device_ = 0;
+  Topology topology_;
+  Stream owned_comm_stream_;
+  cudaStream_t comm_stream_ = nullptr;
+  Event sync_event_;
+  Event join_event_;
+  DeviceErrorWord errors_;
+  std::unique_ptr<PeerMemory> nvl_;
+  DeviceMemory peer_user_table_;
+  int64_t calls_ = 0;
+  int64_t last_dispatch_call_ = 0;
+  int sm_budget_ = 2;
+  int ranks_on_gpu_ = 1;
+};
+
+}  // namespace turnout

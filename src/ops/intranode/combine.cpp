@@ -1,0 +1,22 @@
+// Combine: the handle is checked on the device (notify), then the rows go back
+// to their source ranks and are reduced there.
+#include "kernels/intranode/launch.hpp"
+#include "ops/intranode/intranode.hpp"
+
+namespace turnout::intranode {
+
+void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
+  const char* op = "combine";
+  const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  const CombinePlan plan = check_combine(a, shape);
+  const Topology& t = core.topology();
+  const kernels::Peers peers{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks};
+  core.begin_call();
+  const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine);
+  const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
+  kernels::launch_intranode_notify({peers, plan.region, false, {}, handle, nullptr, 0, ctx}, stream);
+  kernels::launch_intranode_combine({peers, plan.region, plan.slot, a, ctx}, stream);
+  core.check_errors(op);
+}
+
+}  // namespace turnout::intranode

@@ -1,0 +1,51 @@
+// Intranode normal mode behind the Buffer facade: dispatch (counts step, then
+// data step) and combine inside one NVL domain. The argument checks are free
+// functions (check.hpp); this is the state of the mode and its ops.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "ops/buffer_core.hpp"
+#include "ops/intranode/check.hpp"
+#include "runtime/cuda_resources.hpp"
+#include "turnout/intranode.hpp"
+
+namespace turnout::intranode {
+
+// Where the counts step leaves the receive sizes for the host: host memory
+// the kernel writes through its device view, tagged with the call's sequence.
+class CountsMailbox {
+ public:
+  CountsMailbox();
+  void release() { host_.reset(); }
+
+  const void* host() const { return host_.get(); }
+  void* device() const { return device_; }
+  int32_t next_sequence() { return ++sequence_; }
+  // Seconds the last host wait for receive counts took, until they arrived.
+  double last_wait_s = 0;
+
+ private:
+  HostMemory host_;
+  void* device_ = nullptr;
+  int32_t sequence_ = 0;
+};
+
+// What every op of the mode does first: a live buffer, no timeout, one NVL
+// domain, a usable config. The call runs on the config's SMs, at most the
+// budget, since every block must be resident at once (senders and receivers
+// wait on each other, also across ranks that share a GPU). Input errors of
+// earlier calls are raised only after the launches (see turnout/buffer.hpp).
+BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tokens, int recv_tokens);
+
+// Step 1 of a dispatch: exchange the counts; unless num_worst_tokens > 0,
+// wait for them on the host (see turnout::Buffer::dispatch_counts).
+DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& args,
+                               cudaStream_t stream);
+// Step 2: move the tokens.
+void dispatch(BufferCore& core, const DispatchArgs& args, cudaStream_t stream);
+void combine(BufferCore& core, const CombineArgs& args, cudaStream_t stream);
+
+}  // namespace turnout::intranode

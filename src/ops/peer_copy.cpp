@@ -1,0 +1,45 @@
+#include "ops/peer_copy.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/launch.hpp"
+#include "runtime/align.hpp"
+#include "turnout/error.hpp"
+
+namespace turnout::peer_copy {
+namespace {
+
+void check(const char* op, const void* local, size_t bytes, size_t offset, int nvl_ranks, size_t capacity,
+           int num_sms) {
+  const std::string fn = op;
+  if (!is_aligned(local, 16) || bytes % 16 || offset % 16)
+    throw InvalidArgument(fn + ": pointer, bytes and offset must be multiples of 16");
+  if (num_sms < 1 || num_sms > 1024)
+    throw InvalidArgument(fn + ": num_sms must be in [1, 1024], got " + std::to_string(num_sms));
+  if (offset + bytes * nvl_ranks > capacity)
+    throw InvalidArgument(fn + ": " + std::to_string(offset + bytes * nvl_ranks) +
+                          " bytes needed, the NVL buffer holds " + std::to_string(capacity));
+}
+
+}  // namespace
+
+void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self,
+                    int num_sms, cudaStream_t stream) {
+  const char* op = "store_to_peers";
+  core.require_alive(op);
+  const Topology& t = core.topology();
+  check(op, src, bytes, dst_offset, t.num_nvl_ranks, core.options().num_nvl_bytes, num_sms);
+  kernels::launch_store_to_peers(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset,
+                                 include_self, num_sms, stream);
+}
+
+void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream) {
+  const char* op = "load_from_peers";
+  core.require_alive(op);
+  check(op, dst, bytes, src_offset, 1, core.options().num_nvl_bytes, num_sms);
+  kernels::launch_load_from_peers(core.peer_nvl_table(), core.topology().num_nvl_ranks, dst, bytes, src_offset,
+                                  num_sms, stream);
+}
+
+}  // namespace turnout::peer_copy

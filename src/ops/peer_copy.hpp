@@ -1,0 +1,17 @@
+// Plain copies to and from every NVL peer's buffer with SM stores: the NVLink
+// ceiling the bench compares every op with.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime_api.h>
+
+#include "ops/buffer_core.hpp"
+
+namespace turnout::peer_copy {
+
+void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self,
+                    int num_sms, cudaStream_t stream);
+void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
+
+}  // namespace turnout::peer_copy
