@@ -177,7 +177,7 @@ def assert_raises(kind, fn, *words):
         message = str(e)
         missing = [w for w in words if w not in message]
         if missing:
-            raise AssertionError(f"{kind.__name__} raised, but its message lacks {missing}: {message!r}")
+            raise AssertionError(f"{kind.__name__} raised, but its message lacks {missing}: {message!r}") from e
         return e
     except BaseException as e:
         raise AssertionError(f"expected {kind.__name__}, got {type(e).__name__}: {e}") from e

@@ -7,8 +7,19 @@ import time
 import torch
 
 from harness import assert_raises
-from intranode_cases import Case, check_combine, check_dispatch, combine, combine_inputs, dispatch, inputs_of, \
-    nvl_bytes, reference_combine, reference_dispatch, round_trip
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine,
+    combine_inputs,
+    dispatch,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    round_trip,
+)
 
 CASE = Case("uniform", 256, 1024, 4, 32, biases=1)
 SECOND_S = 1.0

@@ -14,8 +14,17 @@ import torch
 
 import turnout
 from harness import assert_equal
-from intranode_cases import (Case, check_combine, check_dispatch, combine_inputs, inputs_of, nvl_bytes,
-                             reference_combine, reference_dispatch, x_on_device)
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine_inputs,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    x_on_device,
+)
 
 CASE = Case("uniform", 512, 2048, 8, 64)
 

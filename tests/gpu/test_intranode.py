@@ -5,8 +5,20 @@ import torch
 
 import turnout
 from harness import assert_equal
-from intranode_cases import (Case, check_combine, check_dispatch, combine, combine_inputs, dispatch, inputs_of,
-                             nvl_bytes, reference_combine, reference_dispatch, round_trip, x_on_device)
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine,
+    combine_inputs,
+    dispatch,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    round_trip,
+    x_on_device,
+)
 
 HIDDEN_MAX = 7168
 
