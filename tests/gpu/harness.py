@@ -1,15 +1,18 @@
 """What every GPU test gets: its rank, its GPU, process groups of every size the
-run allows, comparison helpers that say what differed, a way to skip with a
-reason, and a count of the checks it made.
+run allows, buffers that are destroyed on the way out, seeded generators,
+comparison helpers that say what differed, a way to skip with a reason, and a
+count of the checks it made.
 
 A test's checks are counted: every ``assert`` statement of the modules in this
 folder (``install_check_counter`` rewrites them on import) and every helper
 below. The runner fails a test whose ranks made no check at all, so a loop
 that ran zero times cannot pass as a test."""
 import ast
+import contextlib
 import importlib.abc
 import importlib.machinery
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,9 @@ import torch
 import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
+
+# turnout and turnout_reference are imported where used, so importing this
+# module (the runner does, before it sets the rank's GPU) loads what it always did.
 
 _checks = 0
 
@@ -107,6 +113,28 @@ class Context:
         """The group of ranks [0, size), or None on ranks outside it."""
         return self.groups[size] if self.rank < size else None
 
+    def each_group(self, min_size: int = 2):
+        """(size, group) for every size of ``sizes()`` from ``min_size`` up
+        whose group holds this rank. Only for bodies that make no collective
+        over WORLD: the ranks left out of a group skip its turn."""
+        for n in self.sizes():
+            g = self.group(n)
+            if n >= min_size and g is not None:
+                yield n, g
+
+    @contextlib.contextmanager
+    def buffer(self, group, *args, **kwargs):
+        """A ``turnout.Buffer`` over ``group`` made with explicitly_destroy=True
+        (the other arguments as given), destroyed when the block ends: its peer
+        mappings go before the next buffer, not whenever it is collected."""
+        import turnout
+
+        buf = turnout.Buffer(group, *args, explicitly_destroy=True, **kwargs)
+        try:
+            yield buf
+        finally:
+            buf.destroy()
+
     def all_gather(self, obj, group=None):
         group = group or dist.group.WORLD
         out = [None] * dist.get_world_size(group)
@@ -117,6 +145,12 @@ class Context:
     def skip(reason: str):
         """Ends the test as skipped. Call it on every rank alike."""
         raise Skipped(reason)
+
+
+def generator(*key) -> torch.Generator:
+    """A CPU generator seeded from ``key`` alone, so any rank can redraw what
+    any other rank drew (keys: the test's name, group size, rank, case)."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def assert_equal(got, expected, what: str) -> None:
@@ -143,8 +177,24 @@ def assert_raises(kind, fn, *words):
         message = str(e)
         missing = [w for w in words if w not in message]
         if missing:
-            raise AssertionError(f"{kind.__name__} raised, but its message lacks {missing}: {message!r}")
+            raise AssertionError(f"{kind.__name__} raised, but its message lacks {missing}: {message!r}") from e
         return e
     except BaseException as e:
         raise AssertionError(f"expected {kind.__name__}, got {type(e).__name__}: {e}") from e
     raise AssertionError(f"expected {kind.__name__}, nothing was raised")
+
+
+def assert_layout_matches(out, topk_idx, num_ranks: int, num_experts: int, what: str, num_nvl_ranks=None):
+    """num_tokens_per_rank, num_tokens_per_expert and is_token_in_rank of
+    get_dispatch_layout's ``out`` against the host reference over the same
+    ``topk_idx`` (one NVL domain unless ``num_nvl_ranks``); returns the
+    reference, whose [1] is the per-RDMA-rank count."""
+    import turnout_reference
+
+    per_rank, _, per_expert, in_rank, _ = out
+    ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), num_ranks, num_experts,
+                                                num_nvl_ranks or num_ranks)
+    assert_equal(per_rank, ref[0], f"{what}: num_tokens_per_rank")
+    assert_equal(per_expert, ref[2], f"{what}: num_tokens_per_expert")
+    assert_equal(in_rank, ref[3].astype(bool), f"{what}: is_token_in_rank")
+    return ref

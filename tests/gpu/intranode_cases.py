@@ -1,8 +1,7 @@
 """Inputs of intranode dispatch/combine that every rank can rebuild for every
-other rank (seeded per rank), the host reference over all ranks, and the
-checks of one rank's results against it."""
+other rank (seeded per rank), the host reference over all ranks, the checks
+of one rank's results against it, and a whole round trip checked."""
 import dataclasses
-import zlib
 from typing import Optional, Tuple
 
 import numpy as np
@@ -11,11 +10,7 @@ import torch
 import routing
 import turnout
 import turnout_reference
-from harness import assert_equal
-
-
-def generator(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+from harness import assert_equal, generator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +208,23 @@ def check_combine(out, ref, case: Case, what: str) -> None:
         assert_float_close(combined_w, ref[1], f"{what}: combined_topk_weights")
     else:
         assert combined_w is None, f"{what}: combined_topk_weights without top-k weights"
+
+
+def round_trip(ctx, buf, case: Case, n: int, what: str, **kwargs):
+    """Dispatch then combine of ``case`` over the group of n ranks, each result
+    checked against the reference (kwargs go to both calls; with async_finish
+    the current stream waits for each); returns (inputs, refs, dispatch's out)."""
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    refs = reference_dispatch(case, n, inputs)
+    out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
+    if kwargs.get("async_finish"):
+        out[-1].current_stream_wait()
+    check_dispatch(out, refs[ctx.rank], case, what)
+    back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
+    if kwargs.get("async_finish"):
+        back[-1].current_stream_wait()
+    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
+    return inputs, refs, out
 
 
 def nvl_bytes(hidden: int, n: int, config=None) -> int:

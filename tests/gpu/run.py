@@ -64,9 +64,10 @@ def report(**event) -> None:
 
 def worker_main(rank: int, world_size: int, port: int, device: int, tests, start: int) -> None:
     import faulthandler
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
-    from datetime import timedelta
 
     import harness
 

@@ -2,29 +2,20 @@
 usable: the next correct call gives the reference's answer."""
 import gc
 import re
-import zlib
 
 import torch
 
 import routing
 import turnout
-import turnout_reference
-from harness import assert_equal, assert_raises
+from harness import assert_layout_matches, assert_raises, generator
 
 NVL_BYTES = 1 << 20
 
 
-def generator(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
 def assert_layout_correct(buf, topk_idx, n: int, num_experts: int, what: str) -> None:
-    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, num_experts)
-    ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, num_experts, n)
-    assert per_rdma is None, f"{what}: num_tokens_per_rdma_rank must be None in one NVL domain"
-    assert_equal(per_rank, ref[0], f"{what}: num_tokens_per_rank")
-    assert_equal(per_expert, ref[2], f"{what}: num_tokens_per_expert")
-    assert_equal(in_rank, ref[3].astype(bool), f"{what}: is_token_in_rank")
+    out = buf.get_dispatch_layout(topk_idx, num_experts)
+    assert out[1] is None, f"{what}: num_tokens_per_rdma_rank must be None in one NVL domain"
+    assert_layout_matches(out, topk_idx, n, num_experts, what)
 
 
 def numbers_in(message: str):
@@ -33,32 +24,29 @@ def numbers_in(message: str):
 
 def test_bad_layout_arguments_raise_and_buffer_stays_usable(ctx):
     num_tokens, num_topk = 128, 4
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         num_experts = 8 * n
         good = routing.uniform(num_tokens, num_experts, num_topk, generator("bad", n, ctx.rank), ctx.device)
         wide = routing.uniform(num_tokens, num_experts, 2 * num_topk, generator("wide", n, ctx.rank), ctx.device)
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        layout = buf.get_dispatch_layout
-        cases = [
-            ("int32 ids", TypeError, lambda: layout(good.int(), num_experts), ("topk_idx", "int64")),
-            ("1-D", ValueError, lambda: layout(good.flatten(), num_experts), ("topk_idx", "2-D")),
-            ("3-D", ValueError, lambda: layout(good.unsqueeze(0), num_experts), ("topk_idx", "2-D")),
-            ("on the CPU", ValueError, lambda: layout(good.cpu(), num_experts), ("topk_idx", "cuda")),
-            ("column-major", ValueError, lambda: layout(good.t().contiguous().t(), num_experts),
-             ("topk_idx", "contiguous")),
-            ("every other column", ValueError, lambda: layout(wide[:, ::2], num_experts), ("topk_idx", "contiguous")),
-            ("E not a multiple of n", ValueError, lambda: layout(good, num_experts + 1), ("num_experts",)),
-            ("E = 0", ValueError, lambda: layout(good, 0), ("num_experts",)),
-            ("E a float", TypeError, lambda: layout(good, float(num_experts)), ("num_experts",)),
-            ("previous_event of the wrong type", TypeError,
-             lambda: layout(good, num_experts, previous_event=torch.cuda.Event()), ("previous_event",)),
-            ("allocate_on_comm_stream alone", ValueError,
-             lambda: layout(good, num_experts, allocate_on_comm_stream=True), ("allocate_on_comm_stream",)),
-        ]
-        try:
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
+            layout = buf.get_dispatch_layout
+            cases = [
+                ("int32 ids", TypeError, lambda: layout(good.int(), num_experts), ("topk_idx", "int64")),
+                ("1-D", ValueError, lambda: layout(good.flatten(), num_experts), ("topk_idx", "2-D")),
+                ("3-D", ValueError, lambda: layout(good.unsqueeze(0), num_experts), ("topk_idx", "2-D")),
+                ("on the CPU", ValueError, lambda: layout(good.cpu(), num_experts), ("topk_idx", "cuda")),
+                ("column-major", ValueError, lambda: layout(good.t().contiguous().t(), num_experts),
+                 ("topk_idx", "contiguous")),
+                ("every other column", ValueError, lambda: layout(wide[:, ::2], num_experts),
+                 ("topk_idx", "contiguous")),
+                ("E not a multiple of n", ValueError, lambda: layout(good, num_experts + 1), ("num_experts",)),
+                ("E = 0", ValueError, lambda: layout(good, 0), ("num_experts",)),
+                ("E a float", TypeError, lambda: layout(good, float(num_experts)), ("num_experts",)),
+                ("previous_event of the wrong type", TypeError,
+                 lambda: layout(good, num_experts, previous_event=torch.cuda.Event()), ("previous_event",)),
+                ("allocate_on_comm_stream alone", ValueError,
+                 lambda: layout(good, num_experts, allocate_on_comm_stream=True), ("allocate_on_comm_stream",)),
+            ]
             for what, kind, call, words in cases:
                 assert_raises(kind, call, *words)
                 assert_layout_correct(buf, good, n, num_experts, f"n={n}: the call after {what}")
@@ -82,34 +70,23 @@ def test_bad_layout_arguments_raise_and_buffer_stays_usable(ctx):
             torch.cuda.synchronize()
             assert_raises(ValueError, lambda: layout(good, num_experts), "topk_idx")
             assert_layout_correct(buf, good, n, num_experts, f"n={n}: the call after async bad ids")
-        finally:
-            buf.destroy()
 
 
 def test_tensor_on_another_gpu_raises(ctx):
     if ctx.num_devices < 2:
         ctx.skip(f"needs a second GPU for the tensor; {ctx.num_devices} visible")
     other = torch.device("cuda", (ctx.device.index + 1) % ctx.num_devices)
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         num_experts = 8 * n
         good = routing.uniform(128, num_experts, 4, generator("other gpu", n, ctx.rank), ctx.device)
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             assert_raises(ValueError, lambda: buf.get_dispatch_layout(good.to(other), num_experts), "topk_idx",
                           str(other))
             assert_layout_correct(buf, good, n, num_experts, f"n={n}: the call after a tensor on {other}")
-        finally:
-            buf.destroy()
 
 
 def test_bad_constructor_arguments_raise(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for _, g in ctx.each_group():
         # All of these fail before any collective, so no rank waits for another.
         assert_raises(ValueError, lambda: turnout.Buffer(None, comm=None), "group")
         assert_raises(NotImplementedError, lambda: turnout.Buffer(g, low_latency_mode=True), "low_latency_mode")
@@ -119,25 +96,16 @@ def test_bad_constructor_arguments_raise(ctx):
 
 
 def test_mismatched_num_nvl_bytes_raises_on_every_rank(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for _, g in ctx.each_group():
         assert_raises(ValueError, lambda: turnout.Buffer(g, num_nvl_bytes=NVL_BYTES + 16 * ctx.rank,
                                                          explicitly_destroy=True), "num_nvl_bytes")
         # Nothing was left half-built: a matching buffer works.
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             buf._barrier()
-        finally:
-            buf.destroy()
 
 
 def test_destroy_rules(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES)
         assert_raises(RuntimeError, buf.destroy, "explicitly_destroy")
         buf._barrier()  # still alive after the refused destroy
@@ -153,12 +121,8 @@ def test_destroy_rules(ctx):
 
 
 def test_get_local_buffer_tensor_rejects_bad_views(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for _, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             view = buf.get_local_buffer_tensor
             assert_raises(ValueError, lambda: view(torch.uint8, offset=NVL_BYTES + 16), "offset")
             assert_raises(ValueError, lambda: view(torch.float32, offset=2), "offset")
@@ -168,8 +132,6 @@ def test_get_local_buffer_tensor_rejects_bad_views(ctx):
             assert (tuple(t.shape), t.dtype, t.device) == ((4, 16), torch.float32, ctx.device), f"view {t}"
             whole = view(torch.uint8)
             assert t.data_ptr() == whole.data_ptr() + 64, "offset is in bytes from the buffer's start"
-        finally:
-            buf.destroy()
 
 
 def test_set_num_sms_rejects_odd_values(ctx):

@@ -6,22 +6,28 @@ import time
 
 import torch
 
-import turnout
 from harness import assert_raises
-from intranode_cases import Case, check_combine, check_dispatch, combine, combine_inputs, dispatch, inputs_of, \
-    nvl_bytes, reference_combine, reference_dispatch
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine,
+    combine_inputs,
+    dispatch,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    round_trip,
+)
 
 CASE = Case("uniform", 256, 1024, 4, 32, biases=1)
 SECOND_S = 1.0
 
 
 def assert_works(ctx, buf, n: int, what: str, case: Case = CASE) -> None:
-    inputs = [inputs_of(case, n, r) for r in range(n)]
-    refs = reference_dispatch(case, n, inputs)
-    out = dispatch(buf, case, inputs[ctx.rank], ctx.device)
-    check_dispatch(out, refs[ctx.rank], case, what)
-    back = combine(buf, case, n, ctx.rank, out, ctx.device)
-    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
+    """The buffer serves the next correct call: a round trip matches the reference."""
+    round_trip(ctx, buf, case, n, what)
     torch.cuda.synchronize()
 
 
@@ -66,16 +72,12 @@ def layout_and_inputs(buf, case: Case, n: int, rank: int, device, bad_rank: int)
 
 
 def test_bad_layout_ids_fail_the_next_dispatch_on_every_rank(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), explicitly_destroy=True)
+    for n, g in ctx.each_group():
         bad_rank = n - 1
         mine = ("topk_idx[7, 2]", str(CASE.experts + 3), "get_dispatch_layout (call")
         theirs = (f"rank {bad_rank} passed invalid input", "get_dispatch_layout call")
         words = mine if ctx.rank == bad_rank else theirs
-        try:
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n)) as buf:
             # With a host wait: every rank raises there, and nothing else runs.
             args = layout_and_inputs(buf, CASE, n, ctx.rank, ctx.device, bad_rank)
             start = time.monotonic()
@@ -98,21 +100,15 @@ def test_bad_layout_ids_fail_the_next_dispatch_on_every_rank(ctx):
                 assert bool((handle[1] == -1).all()), f"n={n}: a failed dispatch must mark its source counts -1"
             ctx.all_gather(None, g)
             assert_works(ctx, buf, n, f"n={n} after a bad layout (num_worst_tokens)")
-        finally:
-            buf.destroy()
 
 
 test_bad_layout_ids_fail_the_next_dispatch_on_every_rank.timeout = 120
 
 
 def test_combine_refuses_a_handle_that_does_not_fit(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), explicitly_destroy=True)
-        other = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n)) as buf, \
+                ctx.buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n)) as other:
             inputs = [inputs_of(CASE, n, r) for r in range(n)]
             refs = reference_dispatch(CASE, n, inputs)
             out = dispatch(buf, CASE, inputs[ctx.rank], ctx.device)
@@ -148,9 +144,6 @@ def test_combine_refuses_a_handle_that_does_not_fit(ctx):
             raised_once(buf, ctx.rank, lambda: buf.combine(x, forged), *words)
             ctx.all_gather(None, g)
             assert_works(ctx, buf, n, f"n={n} after a combine handle that did not fit")
-        finally:
-            other.destroy()
-            buf.destroy()
 
 
 test_combine_refuses_a_handle_that_does_not_fit.timeout = 120
@@ -162,13 +155,9 @@ def test_errors_under_graph_replay_are_kept(ctx):
     nothing, its outputs are padding, check_errors raises on every rank, and
     the next replay with a fitting routing is right."""
     case = Case("uniform", 128, 1024, 4, 32, biases=0)
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         worst = case.tokens * n - 1  # too few only when every token goes to every rank
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n), explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n)) as buf:
             dev = ctx.device
             inp = inputs_of(case, n, ctx.rank)
             x = inp.x.to(dev)
@@ -242,8 +231,6 @@ def test_errors_under_graph_replay_are_kept(ctx):
             check_combine(back, reference_combine(it_case, n, refs, ctx.rank), it_case,
                           f"n={n} replay after a failed one")
             del graph
-        finally:
-            buf.destroy()
 
 
 test_errors_under_graph_replay_are_kept.timeout = 120

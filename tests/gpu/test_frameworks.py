@@ -14,8 +14,17 @@ import torch
 
 import turnout
 from harness import assert_equal
-from intranode_cases import (Case, check_combine, check_dispatch, combine_inputs, inputs_of, nvl_bytes,
-                             reference_combine, reference_dispatch, x_on_device)
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine_inputs,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    x_on_device,
+)
 
 CASE = Case("uniform", 512, 2048, 8, 64)
 
@@ -28,13 +37,9 @@ def group_inputs(ctx, case: Case, n: int):
 def test_megatron_and_torchtitan_calls(ctx):
     from turnout.utils import EventHandle, EventOverlap
 
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         size = nvl_bytes(CASE.hidden, n)
-        buf = turnout.Buffer(g, num_nvl_bytes=size, explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=size) as buf:
             assert buf.group is g and buf.num_nvl_bytes == size and buf.num_rdma_bytes == 0, \
                 f"group/num_nvl_bytes/num_rdma_bytes: {buf.group}, {buf.num_nvl_bytes}, {buf.num_rdma_bytes}"
             inputs, refs = group_inputs(ctx, CASE, n)
@@ -73,8 +78,6 @@ def test_megatron_and_torchtitan_calls(ctx):
                                   allocate_on_comm_stream=True)
             cached[5].current_stream_wait()
             assert_equal(cached[0].view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch")
-        finally:
-            buf.destroy()
 
 
 test_megatron_and_torchtitan_calls.timeout = 300
@@ -103,10 +106,8 @@ def run_vllm_calls(ctx, deep_ep):
     before = deep_ep.Buffer.num_sms
     try:
         deep_ep.Buffer.set_num_sms(16)
-        for n in ctx.sizes():
-            g = ctx.group(n)
-            if g is None:
-                continue
+        for n, g in ctx.each_group():
+            # Built by hand, not by ctx.buffer: vLLM's keyword call through the alias is what is tested.
             buf = deep_ep.Buffer(group=g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), num_rdma_bytes=0,
                                  low_latency_mode=False, num_qps_per_rank=1, explicitly_destroy=True)
             buffers[n] = buf
@@ -146,16 +147,12 @@ test_vllm_calls_through_the_deep_ep_alias.timeout = 300
 
 def test_sglang_calls(ctx):
     case = Case("uniform", 512, 2048, 8, 64, alignment=128)
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         config = turnout.Config(**{"num_sms": 24, "num_max_nvl_chunked_send_tokens": 6,
                                    "num_max_nvl_chunked_recv_tokens": 256, "num_max_rdma_chunked_send_tokens": 6,
                                    "num_max_rdma_chunked_recv_tokens": 128})
-        buf = turnout.Buffer(g, config.get_nvl_buffer_size_hint(case.hidden * 2, n), 0, low_latency_mode=False,
-                             num_qps_per_rank=1, explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, config.get_nvl_buffer_size_hint(case.hidden * 2, n), 0, low_latency_mode=False,
+                        num_qps_per_rank=1) as buf:
             inputs, refs = group_inputs(ctx, case, n)
             mine = inputs[ctx.rank]
             topk_idx = mine.topk_idx.to(ctx.device)
@@ -171,8 +168,6 @@ def test_sglang_calls(ctx):
             out[5].current_stream_wait()
             check_dispatch(out, refs[ctx.rank], case, f"n={n} sglang dispatch")
             assert all(c % 128 == 0 for c in out[3]), f"counts not aligned to 128: {out[3]}"
-        finally:
-            buf.destroy()
 
 
 test_sglang_calls.timeout = 300

@@ -5,8 +5,20 @@ import torch
 
 import turnout
 from harness import assert_equal
-from intranode_cases import (Case, check_combine, check_dispatch, combine, combine_inputs, dispatch, inputs_of,
-                             nvl_bytes, reference_combine, reference_dispatch, x_on_device)
+from intranode_cases import (
+    Case,
+    check_combine,
+    check_dispatch,
+    combine,
+    combine_inputs,
+    dispatch,
+    inputs_of,
+    nvl_bytes,
+    reference_combine,
+    reference_dispatch,
+    round_trip,
+    x_on_device,
+)
 
 HIDDEN_MAX = 7168
 
@@ -23,31 +35,11 @@ CASES = (
 )
 
 
-def run_case(ctx, buf, case: Case, n: int, what: str, **kwargs):
-    inputs = [inputs_of(case, n, r) for r in range(n)]
-    refs = reference_dispatch(case, n, inputs)
-    out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
-    if kwargs.get("async_finish"):
-        out[-1].current_stream_wait()
-    check_dispatch(out, refs[ctx.rank], case, what)
-    back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
-    if kwargs.get("async_finish"):
-        back[-1].current_stream_wait()
-    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
-    return inputs, refs, out
-
-
 def test_dispatch_combine_match_reference(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n), explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n)) as buf:
             for case in CASES:
-                run_case(ctx, buf, case, n, f"n={n} {case}")
-        finally:
-            buf.destroy()
+                round_trip(ctx, buf, case, n, f"n={n} {case}")
 
 
 test_dispatch_combine_match_reference.timeout = 600
@@ -55,24 +47,20 @@ test_dispatch_combine_match_reference.timeout = 600
 
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n), explicitly_destroy=True)
-        try:
-            run_case(ctx, buf, case, n, f"n={n} async", async_finish=True)
-            run_case(ctx, buf, case, n, f"n={n} previous_event", previous_event=turnout.Buffer.capture())
-            run_case(ctx, buf, case, n, f"n={n} comm-stream outputs", previous_event=turnout.Buffer.capture(),
-                     async_finish=True, allocate_on_comm_stream=True)
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n)) as buf:
+            round_trip(ctx, buf, case, n, f"n={n} async", async_finish=True)
+            round_trip(ctx, buf, case, n, f"n={n} previous_event", previous_event=turnout.Buffer.capture())
+            round_trip(ctx, buf, case, n, f"n={n} comm-stream outputs", previous_event=turnout.Buffer.capture(),
+                       async_finish=True, allocate_on_comm_stream=True)
             # Fewer SMs than the default, and a config of its own.
-            run_case(ctx, buf, case, n, f"n={n} 4 SMs", config=turnout.Config(4, 4, 64))
-            inputs, refs, out = run_case(ctx, buf, case, n, f"n={n} plain")
+            round_trip(ctx, buf, case, n, f"n={n} 4 SMs", config=turnout.Config(4, 4, 64))
+            inputs, refs, out = round_trip(ctx, buf, case, n, f"n={n} plain")
             # The caller on a stream of its own: the joins name it (the default stream's handle is 0).
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                run_case(ctx, buf, case, n, f"n={n} side stream")
+                round_trip(ctx, buf, case, n, f"n={n} side stream")
             torch.cuda.current_stream().wait_stream(side)
 
             # Cached: same routing, new x, from the handle.
@@ -82,20 +70,14 @@ def test_stream_options_and_cached_dispatch(ctx):
             recv_x, a, b, c, d, _ = buf.dispatch(x_on_device(new_x[ctx.rank], ctx.device), handle=out[4])
             assert a is None and b is None and c is None and d is None, "cached dispatch returns only recv_x"
             assert_equal(recv_x.view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch recv_x")
-        finally:
-            buf.destroy()
 
 
 test_stream_options_and_cached_dispatch.timeout = 300
 
 
 def test_same_seed_gives_same_bits(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(1024, n), explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(1024, n)) as buf:
             for seed in range(20):
                 case = Case("uniform", 300, 1024, 8, 64, biases=1, seed=seed)
                 inputs = inputs_of(case, n, ctx.rank)
@@ -109,9 +91,7 @@ def test_same_seed_gives_same_bits(ctx):
                                  runs[0][i].view(torch.int16 if i in (0, 2) else torch.int32),
                                  f"n={n} seed={seed}: {name} of two runs")
             # And one of them against the reference.
-            run_case(ctx, buf, Case("uniform", 300, 1024, 8, 64, biases=1, seed=19), n, f"n={n} seed 19")
-        finally:
-            buf.destroy()
+            round_trip(ctx, buf, Case("uniform", 300, 1024, 8, 64, biases=1, seed=19), n, f"n={n} seed 19")
 
 
 test_same_seed_gives_same_bits.timeout = 300
@@ -122,13 +102,9 @@ def test_worst_tokens_in_cuda_graph(ctx):
     (20 in the smaller subgroups) with new routings and data copied into the
     captured inputs."""
     case = Case("uniform", 256, 1024, 4, 32, biases=1)
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         worst = case.tokens * n
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n), explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n)) as buf:
             dev = ctx.device
             first = inputs_of(case, n, ctx.rank)
             x = first.x.to(dev)
@@ -174,8 +150,6 @@ def test_worst_tokens_in_cuda_graph(ctx):
                 check_dispatch(out, refs[ctx.rank], it_case, what, worst=worst)
                 check_combine(back, reference_combine(it_case, n, refs, ctx.rank), it_case, what)
             del graph
-        finally:
-            buf.destroy()
 
 
 test_worst_tokens_in_cuda_graph.timeout = 300

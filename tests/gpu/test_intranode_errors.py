@@ -7,28 +7,19 @@ import torch
 
 import turnout
 from harness import assert_raises
-from intranode_cases import Case, check_combine, check_dispatch, combine, dispatch, inputs_of, nvl_bytes, \
-    reference_combine, reference_dispatch
+from intranode_cases import Case, dispatch, inputs_of, nvl_bytes, round_trip
 
 CASE = Case("uniform", 512, 1024, 8, 64, biases=1)
 
 
 def assert_works(ctx, buf, n: int, what: str, case: Case = CASE, **kwargs) -> None:
-    inputs = [inputs_of(case, n, r) for r in range(n)]
-    refs = reference_dispatch(case, n, inputs)
-    out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
-    check_dispatch(out, refs[ctx.rank], case, what)
-    back = combine(buf, case, n, ctx.rank, out, ctx.device, **kwargs)
-    check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
+    """The buffer still serves a correct call: a round trip matches the reference."""
+    round_trip(ctx, buf, case, n, what, **kwargs)
 
 
 def test_bad_dispatch_and_combine_arguments(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n)) as buf:
             dev = ctx.device
             inp = inputs_of(CASE, n, ctx.rank)
             x = inp.x.to(dev)
@@ -104,20 +95,14 @@ def test_bad_dispatch_and_combine_arguments(ctx):
             bad_combine(TypeError, "bias", "a tuple of 3", bias=(None, None, None))
             unaligned = torch.empty(recv_rows * CASE.hidden + 1, dtype=torch.bfloat16, device=dev)[1:]
             bad_combine(ValueError, "x", "16-byte aligned", x=unaligned.view(recv_rows, CASE.hidden))
-        finally:
-            buf.destroy()
 
 
 test_bad_dispatch_and_combine_arguments.timeout = 300
 
 
 def test_buffer_too_small_names_the_size(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=1 << 20) as buf:
             big = Case("uniform", 64, 7168, 8, 64)
             inp = inputs_of(big, n, ctx.rank)
             assert_raises(ValueError, lambda: dispatch(buf, big, inp, ctx.device), "num_nvl_bytes", "needs")
@@ -125,8 +110,6 @@ def test_buffer_too_small_names_the_size(ctx):
             small = Case("uniform", 64, 256, 4, 32)
             assert_works(ctx, buf, n, f"n={n} small call after a too-big one", small,
                          config=turnout.Config(4, 4, 16))
-        finally:
-            buf.destroy()
 
 
 test_buffer_too_small_names_the_size.timeout = 120
@@ -160,11 +143,8 @@ def test_absent_rank_times_out_in_dispatch(ctx):
         ctx.all_gather(None)
         if g is None:
             continue
-        buf = turnout.Buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n), explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(CASE.hidden, n)) as buf:
             assert_works(ctx, buf, n, f"n={n} new buffer after a timeout")
-        finally:
-            buf.destroy()
 
 
 test_absent_rank_times_out_in_dispatch.timeout = 120

@@ -1,25 +1,18 @@
 """get_dispatch_layout against the host reference, bitwise: routings of every
 shape, NVL domains smaller than the group, the stream options and CUDA graphs."""
 import itertools
-import zlib
 
 import torch
 
 import routing
 import turnout
-import turnout_reference
-from harness import assert_equal
+from harness import assert_equal, assert_layout_matches, generator
 
 NVL_BYTES = 1 << 20
 KINDS = ("uniform", "one_expert", "skip_rank", "holes")
 TOKENS = (1, 4096, 8192)
 TOPKS = (1, 6, 8)
 LONG_ROWS = (9, 32)  # a token takes 16 and 32 lanes of the kernel's warps
-
-
-def generator(*key) -> torch.Generator:
-    """A fresh generator whose seed depends only on `key` (rank, group size, case)."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def experts_for(n: int):
@@ -34,28 +27,20 @@ def make_routing(kind: str, num_tokens: int, num_experts: int, num_topk: int, n:
 
 def check_layout(out, topk_idx, num_ranks: int, num_experts: int, num_nvl_ranks: int, what: str) -> None:
     per_rank, per_rdma, per_expert, in_rank, _ = out
-    ref_rank, ref_rdma, ref_expert, ref_in_rank = turnout_reference.get_dispatch_layout(
-        topk_idx.cpu().numpy(), num_ranks, num_experts, num_nvl_ranks)
     assert per_rank.dtype == per_expert.dtype == torch.int32, \
         f"{what}: count dtypes {per_rank.dtype}, {per_expert.dtype}"
     assert in_rank.dtype == torch.bool, f"{what}: is_token_in_rank dtype {in_rank.dtype}"
-    assert_equal(per_rank, ref_rank, f"{what}: num_tokens_per_rank")
-    assert_equal(per_expert, ref_expert, f"{what}: num_tokens_per_expert")
-    assert_equal(in_rank, ref_in_rank.astype(bool), f"{what}: is_token_in_rank")
+    ref = assert_layout_matches(out, topk_idx, num_ranks, num_experts, what, num_nvl_ranks)
     if num_nvl_ranks == num_ranks:
         assert per_rdma is None, f"{what}: num_tokens_per_rdma_rank must be None in one NVL domain"
     else:
         assert per_rdma is not None and per_rdma.dtype == torch.int32, f"{what}: num_tokens_per_rdma_rank {per_rdma}"
-        assert_equal(per_rdma, ref_rdma, f"{what}: num_tokens_per_rdma_rank")
+        assert_equal(per_rdma, ref[1], f"{what}: num_tokens_per_rdma_rank")
 
 
 def test_layout_matches_reference(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             cases = itertools.chain(itertools.product(KINDS, TOKENS, TOPKS, experts_for(n)),
                                     itertools.product(KINDS, (1, 4096), LONG_ROWS, (256,)))
             for case, (kind, num_tokens, num_topk, num_experts) in enumerate(cases):
@@ -63,17 +48,11 @@ def test_layout_matches_reference(ctx):
                 topk_idx = make_routing(kind, num_tokens, num_experts, num_topk, n, gen, ctx.device)
                 what = f"n={n} {kind} T={num_tokens} K={num_topk} E={num_experts}"
                 check_layout(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, n, what)
-        finally:
-            buf.destroy()
 
 
 def test_layout_with_a_rank_of_zero_tokens(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             for case, (num_topk, num_experts) in enumerate(itertools.product(TOPKS, experts_for(n))):
                 # One rank (a different one per case) has no tokens; the others 4096.
                 num_tokens = 0 if ctx.rank == case % n else 4096
@@ -83,27 +62,19 @@ def test_layout_with_a_rank_of_zero_tokens(ctx):
                 what = f"n={n} T={num_tokens} K={num_topk} E={num_experts}"
                 assert tuple(out[3].shape) == (num_tokens, n), f"{what}: is_token_in_rank shape {tuple(out[3].shape)}"
                 check_layout(out, topk_idx, n, num_experts, n, what)
-        finally:
-            buf.destroy()
 
 
 def test_layout_with_nvl_domains_of_two(ctx):
     if max(ctx.sizes()) < 4:
         ctx.skip(f"needs a group of 4 ranks (two NVL domains of two); this run has {ctx.world_size}")
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if n < 4 or g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True, nvl_domain_size=2)
-        try:
+    for n, g in ctx.each_group(min_size=4):
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES, nvl_domain_size=2) as buf:
             for case, kind in enumerate(KINDS):
                 gen = generator("domains", n, ctx.rank, case)
                 topk_idx = make_routing(kind, 4096, 64, 8, n, gen, ctx.device)
                 out = buf.get_dispatch_layout(topk_idx, 64)
                 assert out[1] is not None and tuple(out[1].shape) == (n // 2,), f"n={n} {kind}: rdma counts {out[1]}"
                 check_layout(out, topk_idx, n, 64, 2, f"n={n} nvl_domain_size=2 {kind}")
-        finally:
-            buf.destroy()
 
 
 def late_routing(host: torch.Tensor, device):
@@ -121,12 +92,8 @@ def late_routing(host: torch.Tensor, device):
 
 def test_layout_stream_options(ctx):
     num_tokens, num_topk, num_experts = 4096, 8, 64
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             routings = [routing.uniform(num_tokens, num_experts, num_topk, generator("streams", n, ctx.rank, i), "cpu")
                         for i in range(3)]
 
@@ -151,18 +118,12 @@ def test_layout_stream_options(ctx):
             out[4].current_stream_wait()
             assert torch.cuda.current_stream() != buf.get_comm_stream(), "the caller's stream must be restored"
             check_layout(out, routings[2], n, num_experts, n, f"n={n} allocate_on_comm_stream")
-        finally:
-            buf.destroy()
 
 
 def test_layout_in_cuda_graph(ctx):
     num_tokens, num_topk, num_experts = 4096, 8, 64
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             topk_idx = routing.uniform(num_tokens, num_experts, num_topk, generator("graph", n, ctx.rank), ctx.device)
             buf.get_dispatch_layout(topk_idx, num_experts)  # warm-up outside the graph
             torch.cuda.synchronize()
@@ -177,8 +138,6 @@ def test_layout_in_cuda_graph(ctx):
                 graph.replay()
                 torch.cuda.synchronize()
                 check_layout(out, new, n, num_experts, n, f"n={n} graph replay {replay} ({kind})")
-        finally:
-            buf.destroy()
 
 
 def test_eager_layout_beside_a_replaying_graph(ctx):
@@ -186,12 +145,8 @@ def test_eager_layout_beside_a_replaying_graph(ctx):
     one stream while eager calls run on the buffer's stream, each call on its
     own routing, and every result is the reference's."""
     num_tokens, num_topk, num_experts = 8192, 8, 256
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-        try:
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
             captured = routing.uniform(num_tokens, num_experts, num_topk, generator("beside", n, ctx.rank), ctx.device)
             buf.get_dispatch_layout(captured, num_experts)  # warm-up outside the graph
             torch.cuda.synchronize()
@@ -213,5 +168,3 @@ def test_eager_layout_beside_a_replaying_graph(ctx):
                 torch.cuda.synchronize()
                 check_layout(graph_out, graph_ids, n, num_experts, n, f"n={n} graph replay {it} ({kind})")
                 check_layout(eager_out, eager_ids, n, num_experts, n, f"n={n} eager call beside replay {it}")
-        finally:
-            buf.destroy()

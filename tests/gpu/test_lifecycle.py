@@ -2,15 +2,13 @@
 explicitly or collected, and bootstrap over an NCCL group too."""
 import gc
 import os
-import zlib
 
 import torch
 import torch.distributed as dist
 
 import routing
 import turnout
-import turnout_reference
-from harness import assert_equal
+from harness import assert_layout_matches, generator
 
 NVL_BYTES = 64 << 20
 CYCLES = 200
@@ -18,18 +16,10 @@ LAYOUT_EVERY = 20
 SLACK_BYTES = 2 << 20
 
 
-def generator(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
 def layout_works(buf, n: int, ctx, *key) -> None:
     num_experts = 8 * n
     topk_idx = routing.uniform(512, num_experts, 4, generator(*key), ctx.device)
-    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, num_experts)
-    ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, num_experts, n)
-    assert_equal(per_rank, ref[0], f"n={n} {key}: num_tokens_per_rank")
-    assert_equal(per_expert, ref[2], f"n={n} {key}: num_tokens_per_expert")
-    assert_equal(in_rank, ref[3].astype(bool), f"n={n} {key}: is_token_in_rank")
+    assert_layout_matches(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, f"n={n} {key}")
 
 
 def free_bytes(ctx, g) -> int:
@@ -42,20 +32,14 @@ def free_bytes(ctx, g) -> int:
 
 
 def one_cycle(ctx, g, n: int, cycle: int) -> None:
-    buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, explicitly_destroy=True)
-    try:
+    with ctx.buffer(g, num_nvl_bytes=NVL_BYTES) as buf:
         if cycle % LAYOUT_EVERY == 0:
             layout_works(buf, n, ctx, "cycle", n, ctx.rank, cycle)
             buf._barrier()
-    finally:
-        buf.destroy()
 
 
 def test_create_destroy_cycles_do_not_leak(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         # The first cycle creates the CUDA context's lazy state and torch's caches.
         one_cycle(ctx, g, n, 0)
         baseline = free_bytes(ctx, g)
@@ -87,10 +71,7 @@ def test_buffer_over_nccl_group(ctx):
         nccl_group = dist.new_group(list(range(n)), backend="nccl")
         if ctx.rank >= n:
             continue
-        buf = turnout.Buffer(nccl_group, num_nvl_bytes=1 << 20, explicitly_destroy=True)
-        try:
+        with ctx.buffer(nccl_group, num_nvl_bytes=1 << 20) as buf:
             assert (buf.rank, buf.group_size) == (ctx.rank, n), f"rank/size {buf.rank}/{buf.group_size}"
             layout_works(buf, n, ctx, "nccl", n, ctx.rank)
             buf._barrier()
-        finally:
-            buf.destroy()

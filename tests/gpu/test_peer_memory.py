@@ -1,11 +1,8 @@
 """Peer-mapped NVL memory: SM stores into every peer and SM loads from every
 peer land where they should, for every pair of ranks."""
-import zlib
-
 import torch
 
-import turnout
-from harness import assert_equal
+from harness import assert_equal, generator
 
 # Not a power of two, so the copy loops' last partial round is exercised.
 BYTES_PER_RANK = (1 << 20) + 16 * 37
@@ -14,19 +11,14 @@ NUM_SMS = 8
 
 def rank_bytes(rank: int, n: int) -> torch.Tensor:
     """What rank `rank` stores in a group of n; every rank can rebuild it."""
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(("peer", n, rank)).encode()))
-    return torch.randint(0, 256, (BYTES_PER_RANK,), generator=gen, dtype=torch.uint8)
+    return torch.randint(0, 256, (BYTES_PER_RANK,), generator=generator("peer", n, rank), dtype=torch.uint8)
 
 
 def test_store_to_and_load_from_every_peer(ctx):
     B = BYTES_PER_RANK
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for n, g in ctx.each_group():
         srcs = [rank_bytes(p, n) for p in range(n)]
-        buf = turnout.Buffer(g, num_nvl_bytes=n * B, explicitly_destroy=True)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=n * B) as buf:
             stream = torch.cuda.current_stream().cuda_stream
             src = srcs[ctx.rank].to(ctx.device)
             # Each rank writes its bytes into slot `rank` of every buffer, its own included.
@@ -44,5 +36,3 @@ def test_store_to_and_load_from_every_peer(ctx):
                 torch.cuda.synchronize()
                 for q, got in enumerate(dst.view(n, B)):
                     assert_equal(got, srcs[p], f"n={n}: rank {ctx.rank} read slot {p} of rank {q}'s buffer")
-        finally:
-            buf.destroy()

@@ -5,21 +5,16 @@ import os
 import signal
 import threading
 import time
-import zlib
 
 import torch
 
 import routing
 import turnout
 import turnout_reference
-from harness import assert_equal, assert_raises
+from harness import assert_equal, assert_layout_matches, assert_raises, generator
 
 TIMEOUT_S = 1.0
 HOST_GRACE_S = 2.0  # the host's margin over the kernels' own timeout
-
-
-def generator(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 @contextlib.contextmanager
@@ -65,39 +60,24 @@ def test_absent_peer_times_out_at_barrier(ctx):
 
         if g is None:
             continue
-        buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=TIMEOUT_S)
-        try:
+        with ctx.buffer(g, num_nvl_bytes=1 << 20, timeout_s=TIMEOUT_S) as buf:
             buf._barrier()
             topk_idx = routing.uniform(256, 8 * n, 4, generator("after timeout", n, ctx.rank), ctx.device)
-            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
-            ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
-            assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after a timeout")
-            assert_equal(per_expert, ref[2], f"n={n}: num_tokens_per_expert after a timeout")
-            assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after a timeout")
-        finally:
-            buf.destroy()
+            out = buf.get_dispatch_layout(topk_idx, 8 * n)
+            assert_layout_matches(out, topk_idx, n, 8 * n, f"n={n} after a timeout")
 
 
 test_absent_peer_times_out_at_barrier.timeout = 120
 
 
 def test_timeout_from_environment(ctx):
-    for n in ctx.sizes():
-        g = ctx.group(n)
-        if g is None:
-            continue
+    for _, g in ctx.each_group():
         with environment("TURNOUT_TIMEOUT_S", "2.5"):
-            buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True)
-            try:
+            with ctx.buffer(g, num_nvl_bytes=1 << 20) as buf:
                 assert buf._native.timeout_s == 2.5, f"timeout_s {buf._native.timeout_s} with TURNOUT_TIMEOUT_S=2.5"
-            finally:
-                buf.destroy()
             # The argument wins over the environment.
-            buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=7.0)
-            try:
+            with ctx.buffer(g, num_nvl_bytes=1 << 20, timeout_s=7.0) as buf:
                 assert buf._native.timeout_s == 7.0, f"timeout_s {buf._native.timeout_s} with timeout_s=7.0"
-            finally:
-                buf.destroy()
         # Fails before any collective, on every rank alike.
         with environment("TURNOUT_TIMEOUT_S", "abc"):
             assert_raises(ValueError, lambda: turnout.Buffer(g, num_nvl_bytes=1 << 20), "TURNOUT_TIMEOUT_S")
@@ -114,33 +94,32 @@ def test_ctrl_c_ends_a_host_wait(ctx):
     g = ctx.group(n)
     if g is None:
         return
-    buf = turnout.Buffer(g, num_nvl_bytes=1 << 20, explicitly_destroy=True, timeout_s=30.0)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        stream = buf.get_comm_stream()
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(8_000_000_000)  # seconds of GPU time at any clock this chip runs
-            busy = torch.cuda.Event()
-            busy.record(stream)
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        start = time.monotonic()
-        timer.start()
+    with ctx.buffer(g, num_nvl_bytes=1 << 20, timeout_s=30.0) as buf:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            assert_raises(KeyboardInterrupt, lambda: buf._native.synchronize(stream.cuda_stream, "the test's wait"))
+            stream = buf.get_comm_stream()
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(8_000_000_000)  # seconds of GPU time at any clock this chip runs
+                busy = torch.cuda.Event()
+                busy.record(stream)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            start = time.monotonic()
+            timer.start()
+            try:
+                assert_raises(KeyboardInterrupt, lambda: buf._native.synchronize(stream.cuda_stream, "the test's wait"))
+            finally:
+                timer.cancel()
+            elapsed = time.monotonic() - start
+            assert not busy.query(), "the GPU work was already done: the wait was not cut short"
+            assert elapsed < 0.3 + 1.0, f"KeyboardInterrupt came {elapsed:.2f} s after the wait began (SIGINT at 0.3 s)"
+            torch.cuda.synchronize()
+            topk_idx = routing.uniform(256, 8 * n, 4, generator("after ctrl-c", n, ctx.rank), ctx.device)
+            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
+            ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
+            assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after Ctrl-C")
+            assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after Ctrl-C")
         finally:
-            timer.cancel()
-        elapsed = time.monotonic() - start
-        assert not busy.query(), "the GPU work was already done: the wait was not cut short"
-        assert elapsed < 0.3 + 1.0, f"KeyboardInterrupt came {elapsed:.2f} s after the wait began (SIGINT at 0.3 s)"
-        torch.cuda.synchronize()
-        topk_idx = routing.uniform(256, 8 * n, 4, generator("after ctrl-c", n, ctx.rank), ctx.device)
-        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, 8 * n)
-        ref = turnout_reference.get_dispatch_layout(topk_idx.cpu().numpy(), n, 8 * n, n)
-        assert_equal(per_rank, ref[0], f"n={n}: num_tokens_per_rank after Ctrl-C")
-        assert_equal(in_rank, ref[3].astype(bool), f"n={n}: is_token_in_rank after Ctrl-C")
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        buf.destroy()
+            signal.signal(signal.SIGINT, previous)
 
 
 test_ctrl_c_ends_a_host_wait.timeout = 120

@@ -11,8 +11,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from ..buffer import Buffer
 from .. import Config
+from ..buffer import Buffer
 from ..launch import gpus_shared, run_on_local_gpus
 from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
