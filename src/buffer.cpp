@@ -47,17 +47,39 @@ void Buffer::destroy() {
   state_->intranode.release();
 }
 
-bool Buffer::destroyed() const { return state_->core.destroyed(); }
-const Topology& Buffer::topology() const { return state_->core.topology(); }
-int Buffer::device() const { return state_->core.device(); }
-double Buffer::timeout_s() const { return state_->core.timeout_s(); }
-int Buffer::sm_budget() const { return state_->core.sm_budget(); }
-int Buffer::ranks_on_gpu() const { return state_->core.ranks_on_gpu(); }
-size_t Buffer::num_nvl_bytes() const { return state_->core.options().num_nvl_bytes; }
-cudaStream_t Buffer::comm_stream() const { return state_->core.comm_stream(); }
-void* Buffer::local_nvl_buffer() const { return state_->core.local_nvl_buffer(); }
-void* const* Buffer::peer_nvl_table() const { return state_->core.peer_nvl_table(); }
-double Buffer::last_host_wait_s() const { return state_->intranode.last_wait_s; }
+bool Buffer::destroyed() const {
+  return state_->core.destroyed();
+}
+const Topology& Buffer::topology() const {
+  return state_->core.topology();
+}
+int Buffer::device() const {
+  return state_->core.device();
+}
+double Buffer::timeout_s() const {
+  return state_->core.timeout_s();
+}
+int Buffer::sm_budget() const {
+  return state_->core.sm_budget();
+}
+int Buffer::ranks_on_gpu() const {
+  return state_->core.ranks_on_gpu();
+}
+size_t Buffer::num_nvl_bytes() const {
+  return state_->core.options().num_nvl_bytes;
+}
+cudaStream_t Buffer::comm_stream() const {
+  return state_->core.comm_stream();
+}
+void* Buffer::local_nvl_buffer() const {
+  return state_->core.local_nvl_buffer();
+}
+void* const* Buffer::peer_nvl_table() const {
+  return state_->core.peer_nvl_table();
+}
+double Buffer::last_host_wait_s() const {
+  return state_->intranode.last_wait_s;
+}
 
 void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
   layout::get_dispatch_layout(state_->core, state_->layout, args, stream);
@@ -67,11 +89,17 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& args, cudaStrea
   return intranode::dispatch_counts(state_->core, state_->intranode, args, stream);
 }
 
-void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) { intranode::dispatch(state_->core, args, stream); }
+void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  intranode::dispatch(state_->core, args, stream);
+}
 
-void Buffer::combine(const CombineArgs& args, cudaStream_t stream) { intranode::combine(state_->core, args, stream); }
+void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
+  intranode::combine(state_->core, args, stream);
+}
 
-void Buffer::barrier(cudaStream_t stream) { state_->core.barrier(stream); }
+void Buffer::barrier(cudaStream_t stream) {
+  state_->core.barrier(stream);
+}
 
 void Buffer::store_to_peers(const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
                             cudaStream_t stream) {
@@ -82,10 +110,16 @@ void Buffer::load_from_peers(void* dst, size_t bytes, size_t src_offset, int num
   peer_copy::load_from_peers(state_->core, dst, bytes, src_offset, num_sms, stream);
 }
 
-void Buffer::join(cudaStream_t waiter, cudaStream_t waited) { state_->core.join(waiter, waited); }
+void Buffer::join(cudaStream_t waiter, cudaStream_t waited) {
+  state_->core.join(waiter, waited);
+}
 
-void Buffer::check_errors(const char* op) { state_->core.check_errors(op); }
+void Buffer::check_errors(const char* op) {
+  state_->core.check_errors(op);
+}
 
-void Buffer::synchronize(cudaStream_t stream, const char* op) { state_->core.synchronize(stream, op); }
+void Buffer::synchronize(cudaStream_t stream, const char* op) {
+  state_->core.synchronize(stream, op);
+}
 
 }  // namespace turnout

@@ -36,9 +36,9 @@ Config::Config(int sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv
       num_max_nvl_chunked_recv_tokens(nvl_recv),
       num_max_rdma_chunked_send_tokens(rdma_send),
       num_max_rdma_chunked_recv_tokens(rdma_recv) {
-  require(sms >= 2 && sms % 2 == 0,
-          "Config: num_sms must be even and >= 2 (one send and one receive SM per channel), got " +
-              std::to_string(sms));
+  require(
+      sms >= 2 && sms % 2 == 0,
+      "Config: num_sms must be even and >= 2 (one send and one receive SM per channel), got " + std::to_string(sms));
   require(nvl_send >= 1 && nvl_recv >= 1 && nvl_send <= nvl_recv,
           "Config: need 1 <= num_max_nvl_chunked_send_tokens <= num_max_nvl_chunked_recv_tokens, got " +
               std::to_string(nvl_send) + " and " + std::to_string(nvl_recv));
@@ -80,9 +80,13 @@ Config tuned_config(const char* fn, int num_ranks, int num_sms) {
 
 }  // namespace
 
-Config get_dispatch_config(int num_ranks, int num_sms) { return tuned_config("get_dispatch_config", num_ranks, num_sms); }
+Config get_dispatch_config(int num_ranks, int num_sms) {
+  return tuned_config("get_dispatch_config", num_ranks, num_sms);
+}
 
-Config get_combine_config(int num_ranks, int num_sms) { return tuned_config("get_combine_config", num_ranks, num_sms); }
+Config get_combine_config(int num_ranks, int num_sms) {
+  return tuned_config("get_combine_config", num_ranks, num_sms);
+}
 
 size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks, int num_experts) {
   const std::string fn = "get_low_latency_rdma_size_hint: ";

@@ -4,10 +4,10 @@
 // behind it, in src/.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <memory>
-
-#include <cuda_runtime_api.h>
 
 #include "turnout/bootstrap.hpp"
 #include "turnout/intranode.hpp"
@@ -23,8 +23,8 @@ struct BufferOptions {
   size_t num_nvl_bytes = 0;
   size_t num_rdma_bytes = 0;
   bool low_latency_mode = false;
-  double timeout_s = 0;      // <= 0: default_timeout_s()
-  int nvl_domain_size = 0;   // > 0: declare smaller NVL domains than the hosts
+  double timeout_s = 0;     // <= 0: default_timeout_s()
+  int nvl_domain_size = 0;  // > 0: declare smaller NVL domains than the hosts
   // The stream the ops of the Python layer run on. Null: the Buffer creates
   // (and owns) one. A caller's stream must outlive the Buffer; the Python layer
   // passes one from PyTorch's pool, which PyTorch never destroys, because

@@ -40,7 +40,6 @@ Config get_dispatch_config(int num_ranks, int num_sms);
 Config get_combine_config(int num_ranks, int num_sms);
 
 // Bytes of RDMA (or, on one host, NVL) buffer low-latency mode needs.
-size_t get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden, int num_ranks,
-                                      int num_experts);
+size_t get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden, int num_ranks, int num_experts);
 
 }  // namespace turnout

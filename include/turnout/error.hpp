@@ -3,10 +3,10 @@
 // training job far from this code.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <stdexcept>
 #include <string>
-
-#include <cuda_runtime_api.h>
 
 namespace turnout {
 
@@ -66,9 +66,9 @@ namespace detail {
 
 }  // namespace turnout
 
-#define TURNOUT_CUDA_CHECK(expr)                                                \
-  do {                                                                          \
-    cudaError_t turnout_status_ = (expr);                                       \
-    if (turnout_status_ != cudaSuccess)                                         \
+#define TURNOUT_CUDA_CHECK(expr)                                                       \
+  do {                                                                                 \
+    cudaError_t turnout_status_ = (expr);                                              \
+    if (turnout_status_ != cudaSuccess)                                                \
       ::turnout::detail::throw_cuda_error(turnout_status_, #expr, __FILE__, __LINE__); \
   } while (0)

@@ -25,8 +25,8 @@ struct DispatchCountsArgs {
   // makes every rank skip the call and raise.
   const int64_t* topk_idx = nullptr;  // [T, K], may be null
   int num_topk = 0;
-  int expert_alignment = 1;                        // per-expert receive counts round up to this
-  int num_worst_tokens = 0;                        // > 0: no host wait, outputs have this many rows
+  int expert_alignment = 1;      // per-expert receive counts round up to this
+  int num_worst_tokens = 0;      // > 0: no host wait, outputs have this many rows
   int num_sms = kDefaultNumSms;  // the config of the dispatch that follows
   int num_max_send_tokens = kDefaultSendTokens;
   int num_max_recv_tokens = kDefaultRecvTokens;
@@ -48,7 +48,7 @@ struct DispatchOutputs {
   void* recv_x_scales = nullptr;     // [rows, num_scales], row-major
   int64_t* recv_topk_idx = nullptr;  // local ids, -1 elsewhere and on padding rows
   float* recv_topk_weights = nullptr;
-  int32_t* recv_src_idx = nullptr;   // source token index of each row (-1 on padding); null: not written
+  int32_t* recv_src_idx = nullptr;  // source token index of each row (-1 on padding); null: not written
   // [R] token count of every source rank, for the handle (combine's channels
   // need it; -1 after a failed dispatch); null: not written.
   int32_t* source_num_tokens = nullptr;
@@ -59,18 +59,18 @@ struct DispatchOutputs {
 struct DispatchArgs {
   const void* x = nullptr;  // [T, row_bytes]: bf16 or fp8 rows, moved as bytes
   int num_tokens = 0;
-  int row_bytes = 0;                      // multiple of 16
-  const void* x_scales = nullptr;         // 4-byte elements, any 2-D strides; null: none
-  int num_scales = 0;                     // per token
-  int64_t scale_stride_token = 0;         // in elements
+  int row_bytes = 0;               // multiple of 16
+  const void* x_scales = nullptr;  // 4-byte elements, any 2-D strides; null: none
+  int num_scales = 0;              // per token
+  int64_t scale_stride_token = 0;  // in elements
   int64_t scale_stride_group = 0;
-  const int64_t* topk_idx = nullptr;      // [T, K] global ids; null: no top-k
-  const float* topk_weights = nullptr;    // [T, K]
+  const int64_t* topk_idx = nullptr;    // [T, K] global ids; null: no top-k
+  const float* topk_weights = nullptr;  // [T, K]
   int num_topk = 0;
   int num_experts = 0;
-  const bool* is_token_in_rank = nullptr;  // [T, R]
+  const bool* is_token_in_rank = nullptr;       // [T, R]
   const int32_t* rank_prefix_matrix = nullptr;  // from the counts step (or a handle)
-  int num_recv_rows = 0;                  // rows of the outputs (num_recv, or num_worst_tokens)
+  int num_recv_rows = 0;                        // rows of the outputs (num_recv, or num_worst_tokens)
   int num_worst_tokens = 0;
   int num_sms = kDefaultNumSms;  // the same as the counts step's
   int num_max_send_tokens = kDefaultSendTokens;
@@ -82,12 +82,12 @@ struct DispatchArgs {
 };
 
 struct CombineArgs {
-  const void* x = nullptr;               // [rows, hidden] bf16 in dispatch's receive order
-  int num_rows = 0;                      // rows of x (num_recv, or num_worst_tokens)
-  int hidden = 0;                        // multiple of 8
-  const float* topk_weights = nullptr;   // [rows, K]; null: none
+  const void* x = nullptr;              // [rows, hidden] bf16 in dispatch's receive order
+  int num_rows = 0;                     // rows of x (num_recv, or num_worst_tokens)
+  int hidden = 0;                       // multiple of 8
+  const float* topk_weights = nullptr;  // [rows, K]; null: none
   int num_topk = 0;
-  const void* bias0 = nullptr;           // [T, hidden] bf16; null: none
+  const void* bias0 = nullptr;  // [T, hidden] bf16; null: none
   const void* bias1 = nullptr;
   // The handle of the dispatch that made the receive order. Checked on the
   // device before anything moves: rank_prefix_matrix's rows for this rank

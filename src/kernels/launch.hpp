@@ -2,10 +2,10 @@
 // before calling these; they only size the grid and launch.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 #include "kernels/wait_context.hpp"
 #include "turnout/layout.hpp"
@@ -23,8 +23,7 @@ struct LayoutParams {
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
 
 // `control` is the device table of every NVL peer's control region.
-void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, const WaitContext& ctx,
-                    cudaStream_t stream);
+void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, const WaitContext& ctx, cudaStream_t stream);
 
 // `peers`: device table of NVL peers' user buffers.
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,

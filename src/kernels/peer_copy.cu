@@ -41,9 +41,8 @@ __global__ void __launch_bounds__(kThreads)
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                            size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream) {
   if (bytes == 0) return;
-  store_to_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks,
-                                                           static_cast<const int4*>(src), bytes / sizeof(int4),
-                                                           dst_offset, include_self);
+  store_to_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
+                                                          bytes / sizeof(int4), dst_offset, include_self);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -51,7 +50,7 @@ void launch_load_from_peers(void* const* peers, int num_nvl_ranks, void* dst, si
                             int num_sms, cudaStream_t stream) {
   if (bytes == 0) return;
   load_from_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, num_nvl_ranks, static_cast<int4*>(dst),
-                                                            bytes / sizeof(int4), src_offset);
+                                                           bytes / sizeof(int4), src_offset);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

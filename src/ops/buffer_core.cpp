@@ -47,8 +47,9 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   if (options.low_latency_mode)
     throw NotSupported("Buffer: low_latency_mode is not available in this version of turnout");
   if (options.num_rdma_bytes > 0)
-    throw NotSupported("Buffer: num_rdma_bytes > 0 (internode / low-latency buffer) is not available in this version "
-                       "of turnout; pass num_rdma_bytes=0");
+    throw NotSupported(
+        "Buffer: num_rdma_bytes > 0 (internode / low-latency buffer) is not available in this version "
+        "of turnout; pass num_rdma_bytes=0");
   if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
 
@@ -128,7 +129,9 @@ kernels::WaitContext BufferCore::wait_context(OpKind op) const {
           topology_.nvl_peer_rank(0)};
 }
 
-double BufferCore::host_limit_s() const { return timeout_s_ + kHostGraceS; }
+double BufferCore::host_limit_s() const {
+  return timeout_s_ + kHostGraceS;
+}
 
 HostClock::time_point BufferCore::host_deadline(HostClock::time_point start) const {
   return start + std::chrono::duration_cast<HostClock::duration>(std::chrono::duration<double>(host_limit_s()));

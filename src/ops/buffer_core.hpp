@@ -3,10 +3,10 @@
 // beside it (src/ops/<mode>/) and reaches the peers through it.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <memory>
-
-#include <cuda_runtime_api.h>
 
 #include "kernels/wait_context.hpp"
 #include "runtime/cuda_resources.hpp"

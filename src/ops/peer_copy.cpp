@@ -24,8 +24,8 @@ void check(const char* op, const void* local, size_t bytes, size_t offset, int n
 
 }  // namespace
 
-void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self,
-                    int num_sms, cudaStream_t stream) {
+void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
+                    cudaStream_t stream) {
   const char* op = "store_to_peers";
   core.require_alive(op);
   const Topology& t = core.topology();
@@ -38,8 +38,8 @@ void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offse
   const char* op = "load_from_peers";
   core.require_alive(op);
   check(op, dst, bytes, src_offset, 1, core.options().num_nvl_bytes, num_sms);
-  kernels::launch_load_from_peers(core.peer_nvl_table(), core.topology().num_nvl_ranks, dst, bytes, src_offset,
-                                  num_sms, stream);
+  kernels::launch_load_from_peers(core.peer_nvl_table(), core.topology().num_nvl_ranks, dst, bytes, src_offset, num_sms,
+                                  stream);
 }
 
 }  // namespace turnout::peer_copy

@@ -2,16 +2,16 @@
 // ceiling the bench compares every op with.
 #pragma once
 
-#include <cstddef>
-
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 #include "ops/buffer_core.hpp"
 
 namespace turnout::peer_copy {
 
-void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self,
-                    int num_sms, cudaStream_t stream);
+void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
+                    cudaStream_t stream);
 void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
 
 }  // namespace turnout::peer_copy

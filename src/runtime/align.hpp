@@ -2,9 +2,9 @@
 // regions start on 128-byte lines.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
+
+#include <cstdint>
 
 namespace turnout {
 
@@ -13,6 +13,8 @@ __host__ __device__ constexpr int64_t align_up(int64_t n, int64_t alignment) {
 }
 
 // Null (no rows) counts as aligned.
-inline bool is_aligned(const void* p, uintptr_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+inline bool is_aligned(const void* p, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
 
 }  // namespace turnout

@@ -2,10 +2,10 @@
 // exception thrown half-way through building a Buffer leaks nothing.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <utility>
-
-#include <cuda_runtime_api.h>
 
 namespace turnout {
 

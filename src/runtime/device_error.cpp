@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "turnout/error.hpp"
 
@@ -11,22 +11,32 @@ namespace turnout {
 
 const char* wait_site_name(WaitSite site) {
   switch (site) {
-    case WaitSite::kBarrier: return "barrier";
-    case WaitSite::kDispatchCounts: return "dispatch: receive counts";
-    case WaitSite::kDispatchData: return "dispatch: token data";
-    case WaitSite::kCombineData: return "combine: token data";
-    case WaitSite::kDispatchOutputs: return "dispatch: output tensors from the host";
+    case WaitSite::kBarrier:
+      return "barrier";
+    case WaitSite::kDispatchCounts:
+      return "dispatch: receive counts";
+    case WaitSite::kDispatchData:
+      return "dispatch: token data";
+    case WaitSite::kCombineData:
+      return "combine: token data";
+    case WaitSite::kDispatchOutputs:
+      return "dispatch: output tensors from the host";
   }
   return "unknown wait";
 }
 
 const char* op_name(OpKind op) {
   switch (op) {
-    case OpKind::kLayout: return "get_dispatch_layout";
-    case OpKind::kDispatch: return "dispatch";
-    case OpKind::kCombine: return "combine";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kNone: break;
+    case OpKind::kLayout:
+      return "get_dispatch_layout";
+    case OpKind::kDispatch:
+      return "dispatch";
+    case OpKind::kCombine:
+      return "combine";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kNone:
+      break;
   }
   return "an op";
 }
@@ -35,8 +45,7 @@ namespace {
 
 // "get_dispatch_layout (call 12 of this buffer)": the call that caused a record.
 std::string origin(const DeviceErrorRecord& rec) {
-  return std::string(op_name(static_cast<OpKind>(rec.op))) + " (call " + std::to_string(rec.call) +
-         " of this buffer)";
+  return std::string(op_name(static_cast<OpKind>(rec.op))) + " (call " + std::to_string(rec.call) + " of this buffer)";
 }
 
 // The exception of an input error's record, raised by the call `op`.
@@ -50,12 +59,11 @@ InvalidArgument input_error(const char* op, const DeviceErrorRecord& rec) {
                              " tokens; nothing was dispatched (its outputs hold only padding rows)");
     case DeviceErrorCode::kPeerInputError: {
       const auto found_by = static_cast<OpKind>(rec.where);
-      return InvalidArgument(
-          prefix + "rank " + std::to_string(rec.peer) + " passed invalid input: " +
-          (found_by == OpKind::kCombine
-               ? std::string("a handle that does not fit its combine's inputs; nothing was combined")
-               : std::string("an expert id outside [-1, num_experts) in the topk_idx of its ") + op_name(found_by) +
-                     " call; nothing was dispatched"));
+      return InvalidArgument(prefix + "rank " + std::to_string(rec.peer) + " passed invalid input: " +
+                             (found_by == OpKind::kCombine
+                                  ? std::string("a handle that does not fit its combine's inputs; nothing was combined")
+                                  : std::string("an expert id outside [-1, num_experts) in the topk_idx of its ") +
+                                        op_name(found_by) + " call; nothing was dispatched"));
     }
     case DeviceErrorCode::kInvalidExpert:
       return InvalidArgument(prefix + "topk_idx[" + std::to_string(rec.detail) + ", " + std::to_string(rec.peer) +

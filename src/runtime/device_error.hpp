@@ -15,8 +15,8 @@ namespace turnout {
 
 enum class DeviceErrorCode : int32_t {
   kNone = 0,
-  kTimeout = 1,        // sticky: peers are out of step, the buffer is unusable
-  kInvalidExpert = 2,  // cleared once reported: nothing was written for the call
+  kTimeout = 1,              // sticky: peers are out of step, the buffer is unusable
+  kInvalidExpert = 2,        // cleared once reported: nothing was written for the call
   kWorstTokensExceeded = 3,  // cleared once reported: the dispatch moved nothing
   kPeerInputError = 4,       // cleared once reported: a peer's input was bad, nothing moved
   kBadHandle = 5,            // cleared once reported: combine's handle does not fit, nothing moved

@@ -1,9 +1,8 @@
-#include "turnout/error.hpp"
-
 #include <atomic>
 #include <string>
 
 #include "runtime/host_wait.hpp"
+#include "turnout/error.hpp"
 
 namespace turnout {
 namespace {

@@ -60,7 +60,9 @@ PeerMemory::PeerMemory(Bootstrap& bootstrap, const Topology& topology, size_t by
   TURNOUT_CUDA_CHECK(cudaMemcpy(table_.get(), peers_.data(), sizeof(peers_), cudaMemcpyHostToDevice));
 }
 
-PeerMemory::~PeerMemory() { release(); }
+PeerMemory::~PeerMemory() {
+  release();
+}
 
 void PeerMemory::release() {
   mappings_.clear();

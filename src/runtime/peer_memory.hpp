@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <vector>
 
-#include "turnout/bootstrap.hpp"
 #include "runtime/cuda_resources.hpp"
+#include "turnout/bootstrap.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {

@@ -2,10 +2,10 @@
 // whose message contains `needle` (the argument it names).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <stdexcept>
 #include <string>
-
-#include <gtest/gtest.h>
 
 template <class F>
 void expect_invalid_argument(F&& call, const std::string& needle) {

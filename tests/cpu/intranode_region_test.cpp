@@ -14,11 +14,14 @@ TEST(IntranodeRegion, PartsDoNotOverlap) {
   const IntranodeRegion r = kernels::make_intranode_region(8, 12, 32, 256, 14848);
   // Each part as [begin, end); every pair must be disjoint.
   const int64_t R = 8, C = 12, L = 32;
-  const std::pair<int64_t, int64_t> parts[] = {
-      {r.matrix, r.matrix + R * R * 4},           {r.source_info, r.source_info + R * 16},
-      {r.channel_start, r.channel_start + R * (C + 1) * 4}, {r.tails, r.tails + C * R * 4},
-      {r.heads, r.heads + C * R * 4},             {r.status, r.status + 4},
-      {r.expert_counts, r.expert_counts + R * L * 4}, {r.rings, r.total}};
+  const std::pair<int64_t, int64_t> parts[] = {{r.matrix, r.matrix + R * R * 4},
+                                               {r.source_info, r.source_info + R * 16},
+                                               {r.channel_start, r.channel_start + R * (C + 1) * 4},
+                                               {r.tails, r.tails + C * R * 4},
+                                               {r.heads, r.heads + C * R * 4},
+                                               {r.status, r.status + 4},
+                                               {r.expert_counts, r.expert_counts + R * L * 4},
+                                               {r.rings, r.total}};
   for (size_t i = 0; i < std::size(parts); ++i)
     for (size_t j = i + 1; j < std::size(parts); ++j)
       EXPECT_TRUE(parts[i].second <= parts[j].first || parts[j].second <= parts[i].first) << i << " and " << j;

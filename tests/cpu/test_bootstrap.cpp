@@ -162,9 +162,9 @@ TEST(TcpBootstrapTest, BarrierWaitsForTheLastRank) {
 
 TEST(TcpBootstrapTest, SignalsDoNotBreakWaits) {
   // No SA_RESTART, so every blocking call in the ranks can return EINTR.
-  struct sigaction quiet {};
+  struct sigaction quiet{};
   quiet.sa_handler = [](int) {};
-  struct sigaction old {};
+  struct sigaction old{};
   ASSERT_EQ(sigaction(SIGUSR1, &quiet, &old), 0);
 
   constexpr int kSize = 3;

@@ -8,7 +8,6 @@
 
 #include "runtime/host_wait.hpp"
 #include "turnout/error.hpp"
-#include "turnout/error.hpp"
 
 namespace turnout {
 namespace {
@@ -35,16 +34,14 @@ struct InterruptCheckGuard {
 
 TEST(HostWait, ReturnsWhenReady) {
   const auto start = HostClock::now();
-  const bool ready = host_wait(
-      "op", start + 10s, kPolicy, [&] { return HostClock::now() - start > 3ms; }, [] {});
+  const bool ready = host_wait("op", start + 10s, kPolicy, [&] { return HostClock::now() - start > 3ms; }, [] {});
   EXPECT_TRUE(ready);
   EXPECT_LT(HostClock::now() - start, 2s);
 }
 
 TEST(HostWait, ReturnsFalseAtTheDeadline) {
   const auto start = HostClock::now();
-  EXPECT_FALSE(host_wait(
-      "op", start + 30ms, kPolicy, [] { return false; }, [] {}));
+  EXPECT_FALSE(host_wait("op", start + 30ms, kPolicy, [] { return false; }, [] {}));
   EXPECT_GE(HostClock::now() - start, 30ms);
   EXPECT_LT(HostClock::now() - start, 5s);
 }
@@ -64,8 +61,7 @@ TEST(HostWait, TheInterruptCheckEndsItNamingTheOp) {
   InterruptCheckGuard guard(3);
   const auto start = HostClock::now();
   try {
-    host_wait(
-        "dispatch", start + 10s, kPolicy, [] { return false; }, [] {});
+    host_wait("dispatch", start + 10s, kPolicy, [] { return false; }, [] {});
     FAIL() << "the wait did not stop";
   } catch (const Interrupted& e) {
     EXPECT_NE(std::string(e.what()).find("dispatch"), std::string::npos) << e.what();
@@ -80,13 +76,11 @@ TEST(HostWait, ShortWaitsNeverAskAndNoCheckMeansNoInterrupt) {
   {
     InterruptCheckGuard guard(1);
     const auto start = HostClock::now();
-    EXPECT_TRUE(host_wait(
-        "op", start + 10s, kPolicy, [&] { return HostClock::now() - start > 1ms; }, [] {}));
+    EXPECT_TRUE(host_wait("op", start + 10s, kPolicy, [&] { return HostClock::now() - start > 1ms; }, [] {}));
     EXPECT_EQ(g_checks.load(), 0) << "a wait shorter than one period must not pay for the check";
   }
   const auto start = HostClock::now();
-  EXPECT_FALSE(host_wait(
-      "op", start + 3 * kInterruptPeriod, kPolicy, [] { return false; }, [] {}));
+  EXPECT_FALSE(host_wait("op", start + 3 * kInterruptPeriod, kPolicy, [] { return false; }, [] {}));
 }
 
 }  // namespace

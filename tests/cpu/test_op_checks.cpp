@@ -1,10 +1,10 @@
 // The ops' argument checks, as free functions on the CPU: every bad argument
 // raises turnout::InvalidArgument whose message starts with the op and names
 // the argument; good arguments pass and size the call's buffer region.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "ops/intranode/check.hpp"
 #include "ops/layout/layout.hpp"
@@ -103,8 +103,7 @@ DispatchCountsArgs good_counts() {
 TEST(IntranodeCheck, ConfigNamesItsFields) {
   EXPECT_NO_THROW(intranode::check_config("dispatch", 20, 6, 256));
   expect_error([] { intranode::check_config("dispatch", 3, 6, 256); }, "dispatch", "config.num_sms");
-  expect_error([] { intranode::check_config("combine", 20, 300, 256); }, "combine",
-               "num_max_nvl_chunked_send_tokens");
+  expect_error([] { intranode::check_config("combine", 20, 300, 256); }, "combine", "num_max_nvl_chunked_send_tokens");
 }
 
 TEST(IntranodeCheck, DispatchCounts) {
@@ -166,12 +165,11 @@ TEST(IntranodeCheck, Dispatch) {
   expect_error(with([](DispatchArgs& a) { a.out.recv_x = fake<void>(4); }), op, "recv_x must start");
   expect_error(with([](DispatchArgs& a) { a.out.recv_x = nullptr; }), op, "recv_x");
   expect_error(with([](DispatchArgs& a) { a.out.recv_topk_weights = nullptr; }), op, "recv_topk_weights");
-  expect_error(
-      with([](DispatchArgs& a) {
-        a.num_worst_tokens = 100;
-        a.out.recv_src_idx = nullptr;
-      }),
-      op, "recv_src_idx");
+  expect_error(with([](DispatchArgs& a) {
+                 a.num_worst_tokens = 100;
+                 a.out.recv_src_idx = nullptr;
+               }),
+               op, "recv_src_idx");
   expect_error(with([](DispatchArgs&) {}, 1 << 20), op, "num_nvl_bytes is too small");
 }
 

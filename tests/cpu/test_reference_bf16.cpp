@@ -1,12 +1,12 @@
 // bf16 conversions of the host reference: rounding, specials, and the fp64 path that
 // combine's results go through.
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "reference.hpp"
 
@@ -14,7 +14,9 @@ namespace ref = turnout::reference;
 
 namespace {
 
-float from_bits(uint32_t bits) { return std::bit_cast<float>(bits); }
+float from_bits(uint32_t bits) {
+  return std::bit_cast<float>(bits);
+}
 
 }  // namespace
 

@@ -1,4 +1,6 @@
 // fp8 e4m3 scalar conversion and the per-128-channel row cast (scales, round_scale, ue8m0).
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -7,8 +9,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "expect_invalid_argument.hpp"
 #include "reference.hpp"
@@ -38,8 +38,8 @@ TEST(ReferenceE4m3, KnownValues) {
   EXPECT_EQ(ref::float_to_e4m3(0.0f), 0x00);
   EXPECT_EQ(ref::float_to_e4m3(-0.0f), 0x80);
   EXPECT_EQ(ref::float_to_e4m3(1.5f), 0x3c);
-  EXPECT_EQ(ref::float_to_e4m3(std::ldexp(1.0f, -6)), 0x08);  // smallest normal
-  EXPECT_EQ(ref::float_to_e4m3(std::ldexp(1.0f, -9)), 0x01);  // smallest subnormal
+  EXPECT_EQ(ref::float_to_e4m3(std::ldexp(1.0f, -6)), 0x08);      // smallest normal
+  EXPECT_EQ(ref::float_to_e4m3(std::ldexp(1.0f, -9)), 0x01);      // smallest subnormal
   EXPECT_EQ(ref::float_to_e4m3(7 * std::ldexp(1.0f, -9)), 0x07);  // largest subnormal
   EXPECT_EQ(ref::float_to_e4m3(std::ldexp(1.0f, -11)), 0x00);
   EXPECT_EQ(ref::e4m3_to_float(0x7e), 448.0f);
@@ -84,8 +84,7 @@ TEST(ReferenceE4m3, EveryCodeRoundTrips) {
   }
   // Codes increase with value on each sign, so the decoder has no gaps or swaps.
   for (int code = 1; code < 0x7f; ++code)
-    ASSERT_LT(ref::e4m3_to_float(static_cast<uint8_t>(code - 1)),
-              ref::e4m3_to_float(static_cast<uint8_t>(code)));
+    ASSERT_LT(ref::e4m3_to_float(static_cast<uint8_t>(code - 1)), ref::e4m3_to_float(static_cast<uint8_t>(code)));
 }
 
 TEST(ReferenceE4m3, PicksTheNearestCode) {
@@ -119,7 +118,7 @@ TEST(ReferenceFp8Cast, KnownRow) {
   EXPECT_TRUE(cast.packed_scales.empty());
   EXPECT_EQ(cast.scales[0], 1.0f / 448.0f);
   for (int c = 0; c < 128; ++c) EXPECT_EQ(cast.q[c], 0x7e);  // 1 * 448
-  EXPECT_EQ(cast.scales[1], 1e-4f / 448.0f);                  // amax floor
+  EXPECT_EQ(cast.scales[1], 1e-4f / 448.0f);                 // amax floor
   for (int c = 128; c < 256; ++c) EXPECT_EQ(cast.q[c], 0x00);
   // amax = |c=382| = 126/32 = 3.9375; its element maps to exactly 448.
   EXPECT_EQ(cast.scales[2], 3.9375f / 448.0f);
@@ -167,8 +166,7 @@ TEST(ReferenceFp8Cast, RoundScaleIsSmallestPowerOfTwoAboveAmax) {
     const ref::Fp8Row cast = ref::cast_row_to_fp8(row, true, false);
     for (int g = 0; g < 4; ++g) {
       float amax = 1e-4f;
-      for (int c = g * 128; c < (g + 1) * 128; ++c)
-        amax = std::fmax(amax, std::fabs(ref::bf16_to_float(row[c])));
+      for (int c = g * 128; c < (g + 1) * 128; ++c) amax = std::fmax(amax, std::fabs(ref::bf16_to_float(row[c])));
       const float scale = cast.scales[g];
       int e = 0;
       EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "not a power of two: " << scale;

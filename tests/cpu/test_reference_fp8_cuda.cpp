@@ -6,12 +6,12 @@
 #define TURNOUT_HAVE_CUDA_FP8 1
 #endif
 
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "reference.hpp"
 
@@ -55,8 +55,8 @@ TEST(ReferenceVsCuda, E4m3EncodeAroundEveryMidpoint) {
       ASSERT_EQ(ref::float_to_e4m3(-p), cuda_e4m3(-p)) << std::hexfloat << -p;
     }
   }
-  for (float p : {448.0f, 464.0f, 465.0f, 480.0f, 1e30f, INFINITY, -INFINITY, -1e-30f, -0.0f,
-                  NAN, -NAN, std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xff800001u)})
+  for (float p : {448.0f, 464.0f, 465.0f, 480.0f, 1e30f, INFINITY, -INFINITY, -1e-30f, -0.0f, NAN, -NAN,
+                  std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xff800001u)})
     ASSERT_EQ(ref::float_to_e4m3(p), cuda_e4m3(p)) << p;
 }
 
@@ -94,6 +94,8 @@ TEST(ReferenceVsCuda, Bf16EncodeRandomFloats) {
 
 #else
 
-TEST(ReferenceVsCuda, Skipped) { GTEST_SKIP() << "cuda_fp8.h not on the include path"; }
+TEST(ReferenceVsCuda, Skipped) {
+  GTEST_SKIP() << "cuda_fp8.h not on the include path";
+}
 
 #endif

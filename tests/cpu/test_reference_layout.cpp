@@ -1,13 +1,13 @@
 // get_dispatch_layout of the host reference: hand-checked cases and properties on random
 // routings.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "expect_invalid_argument.hpp"
 #include "reference.hpp"
@@ -17,8 +17,7 @@ namespace ref = turnout::reference;
 namespace {
 
 // Random experts with some -1 slots and, by chance, duplicates within a row.
-std::vector<int64_t> random_topk(std::mt19937& rng, int num_tokens, int num_topk,
-                                 int num_experts) {
+std::vector<int64_t> random_topk(std::mt19937& rng, int num_tokens, int num_topk, int num_experts) {
   std::uniform_int_distribution<int64_t> expert(0, num_experts - 1);
   std::uniform_int_distribution<int> percent(0, 99);
   std::vector<int64_t> topk(static_cast<size_t>(num_tokens) * num_topk);
@@ -55,8 +54,7 @@ TEST(ReferenceLayout, FourRanksTwoHostsByHand) {
   EXPECT_EQ(layout.num_tokens_per_rank, (std::vector<int32_t>{2, 1, 0, 2}));
   EXPECT_EQ(layout.num_tokens_per_rdma_rank, (std::vector<int32_t>{2, 2}));
   EXPECT_EQ(layout.num_tokens_per_expert, (std::vector<int32_t>{1, 1, 1, 0, 0, 0, 1, 1}));
-  EXPECT_EQ(layout.is_token_in_rank,
-            (std::vector<uint8_t>{1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(layout.is_token_in_rank, (std::vector<uint8_t>{1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0}));
 }
 
 TEST(ReferenceLayout, NoTokensAndAllToOneExpert) {
@@ -83,8 +81,8 @@ TEST(ReferenceLayout, RandomRoutingProperties) {
     const int experts_per_rank = num_experts / num_ranks;
     const int num_tokens = 300;
     const std::vector<int64_t> topk = random_topk(rng, num_tokens, num_topk, num_experts);
-    const ref::DispatchLayout layout = ref::get_dispatch_layout(
-        topk, num_tokens, num_topk, num_ranks, num_experts, num_nvl_ranks);
+    const ref::DispatchLayout layout =
+        ref::get_dispatch_layout(topk, num_tokens, num_topk, num_ranks, num_experts, num_nvl_ranks);
 
     int64_t distinct_slots = 0;
     std::vector<int32_t> column_sums(num_ranks, 0);
@@ -115,8 +113,7 @@ TEST(ReferenceLayout, RandomRoutingProperties) {
     // Each rank's token count is at most the sum of its experts' counts.
     for (int r = 0; r < num_ranks; ++r) {
       int64_t local = 0;
-      for (int l = 0; l < experts_per_rank; ++l)
-        local += layout.num_tokens_per_expert[r * experts_per_rank + l];
+      for (int l = 0; l < experts_per_rank; ++l) local += layout.num_tokens_per_expert[r * experts_per_rank + l];
       EXPECT_LE(layout.num_tokens_per_rank[r], local);
     }
   }
@@ -124,10 +121,8 @@ TEST(ReferenceLayout, RandomRoutingProperties) {
 
 TEST(ReferenceLayout, BadInputThrows) {
   const std::vector<int64_t> ok = {0, 1, 2, 3};
-  expect_invalid_argument(
-      [] { ref::get_dispatch_layout(std::vector<int64_t>{0, 4}, 1, 2, 2, 4, 1); }, "topk_idx");
-  expect_invalid_argument(
-      [] { ref::get_dispatch_layout(std::vector<int64_t>{-2, 0}, 1, 2, 2, 4, 1); }, "topk_idx");
+  expect_invalid_argument([] { ref::get_dispatch_layout(std::vector<int64_t>{0, 4}, 1, 2, 2, 4, 1); }, "topk_idx");
+  expect_invalid_argument([] { ref::get_dispatch_layout(std::vector<int64_t>{-2, 0}, 1, 2, 2, 4, 1); }, "topk_idx");
   expect_invalid_argument([&] { ref::get_dispatch_layout(ok, 3, 2, 2, 4, 1); }, "topk_idx");
   expect_invalid_argument([&] { ref::get_dispatch_layout(ok, 2, 2, 4, 6, 1); }, "num_experts");
   expect_invalid_argument([&] { ref::get_dispatch_layout(ok, 2, 2, 4, 8, 3); }, "num_nvl_ranks");

@@ -1,5 +1,7 @@
 // Low-latency dispatch and combine of the host reference, and the helper that puts GPU
 // rows in canonical order.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "expect_invalid_argument.hpp"
 #include "reference.hpp"
 
@@ -17,7 +17,9 @@ namespace ref = turnout::reference;
 
 namespace {
 
-int64_t range_of(int64_t begin, int64_t count) { return (begin << 32) | count; }
+int64_t range_of(int64_t begin, int64_t count) {
+  return (begin << 32) | count;
+}
 
 // R = 2, E = 4 (experts 0, 1 on rank 0; 2, 3 on rank 1), K = 2, H = 2, M = 4.
 //   rank 0: t0 -> {0, 3}, t1 -> {1, 1}, t2 -> {-1, 2}
@@ -47,8 +49,7 @@ std::vector<uint16_t> bf16_row(float v) {
 }
 
 // Random decode batch: x random bf16, -1 slots and duplicates, one rank with no tokens.
-std::vector<ref::LowLatencyDispatchInput> random_inputs(std::mt19937& rng,
-                                                        const ref::LowLatencyParams& p,
+std::vector<ref::LowLatencyDispatchInput> random_inputs(std::mt19937& rng, const ref::LowLatencyParams& p,
                                                         int num_ranks) {
   std::uniform_int_distribution<int64_t> expert(0, p.num_experts - 1);
   std::uniform_int_distribution<int> percent(0, 99);
@@ -130,9 +131,13 @@ TEST(ReferenceLowLatency, CombineTwoRanksByHand) {
 TEST(ReferenceLowLatency, Fp8RowsAreTheRowCast) {
   std::mt19937 rng(3);
   for (int mode = 0; mode < 3; ++mode) {
-    ref::LowLatencyParams p = {.num_max_dispatch_tokens_per_rank = 8, .hidden = 512,
-                               .num_experts = 8, .num_topk = 3, .use_fp8 = true,
-                               .round_scale = mode >= 1, .use_ue8m0 = mode == 2};
+    ref::LowLatencyParams p = {.num_max_dispatch_tokens_per_rank = 8,
+                               .hidden = 512,
+                               .num_experts = 8,
+                               .num_topk = 3,
+                               .use_fp8 = true,
+                               .round_scale = mode >= 1,
+                               .use_ue8m0 = mode == 2};
     const auto in = random_inputs(rng, p, 4);
     const auto out = ref::low_latency_dispatch(in, p);
     for (int r = 0; r < 4; ++r)
@@ -161,16 +166,16 @@ TEST(ReferenceLowLatency, Fp8RowsAreTheRowCast) {
 TEST(ReferenceLowLatency, RandomCountsAndRangesAreConsistent) {
   std::mt19937 rng(17);
   const int num_ranks = 4;
-  const ref::LowLatencyParams p = {.num_max_dispatch_tokens_per_rank = 32, .hidden = 8,
-                                   .num_experts = 16, .num_topk = 6};
+  const ref::LowLatencyParams p = {
+      .num_max_dispatch_tokens_per_rank = 32, .hidden = 8, .num_experts = 16, .num_topk = 6};
   const int experts_per_rank = 4;
   for (int trial = 0; trial < 5; ++trial) {
     const auto in = random_inputs(rng, p, num_ranks);
     const auto out = ref::low_latency_dispatch(in, p);
     std::vector<ref::DispatchLayout> layouts;
     for (int s = 0; s < num_ranks; ++s)
-      layouts.push_back(ref::get_dispatch_layout(in[s].topk_idx, in[s].num_tokens, p.num_topk,
-                                                 num_ranks, p.num_experts, num_ranks));
+      layouts.push_back(
+          ref::get_dispatch_layout(in[s].topk_idx, in[s].num_tokens, p.num_topk, num_ranks, p.num_experts, num_ranks));
     for (int r = 0; r < num_ranks; ++r)
       for (int l = 0; l < experts_per_rank; ++l) {
         const int64_t expert = r * experts_per_rank + l;
@@ -195,8 +200,7 @@ TEST(ReferenceLowLatency, RandomCountsAndRangesAreConsistent) {
           for (int64_t i = 0; i < count; ++i) {
             EXPECT_EQ(rows.src_rank[begin + i], s);
             EXPECT_EQ(rows.src_token[begin + i], want[i]);
-            ASSERT_TRUE(std::equal(rows.x.begin() + (begin + i) * p.hidden,
-                                   rows.x.begin() + (begin + i + 1) * p.hidden,
+            ASSERT_TRUE(std::equal(rows.x.begin() + (begin + i) * p.hidden, rows.x.begin() + (begin + i + 1) * p.hidden,
                                    in[s].x.begin() + static_cast<size_t>(want[i]) * p.hidden));
           }
           next_begin = begin + count;
@@ -210,16 +214,15 @@ TEST(ReferenceLowLatency, RandomCountsAndRangesAreConsistent) {
 TEST(ReferenceLowLatency, CombineOfOnesGivesSumOfValidWeights) {
   std::mt19937 rng(23);
   const int num_ranks = 4;
-  const ref::LowLatencyParams p = {.num_max_dispatch_tokens_per_rank = 16, .hidden = 4,
-                                   .num_experts = 8, .num_topk = 4};
+  const ref::LowLatencyParams p = {
+      .num_max_dispatch_tokens_per_rank = 16, .hidden = 4, .num_experts = 8, .num_topk = 4};
   const auto in = random_inputs(rng, p, num_ranks);
   const auto out = ref::low_latency_dispatch(in, p);
   std::uniform_real_distribution<float> weight(0.0f, 1.0f);
   std::vector<ref::LowLatencyCombineInput> back(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     for (int l = 0; l < 2; ++l)
-      back[r].expert_x.emplace_back(out[r].experts[l].src_token.size() * p.hidden,
-                                    ref::float_to_bf16(1.0f));
+      back[r].expert_x.emplace_back(out[r].experts[l].src_token.size() * p.hidden, ref::float_to_bf16(1.0f));
     back[r].topk_idx = in[r].topk_idx;
     for (size_t i = 0; i < in[r].topk_idx.size(); ++i) back[r].topk_weights.push_back(weight(rng));
   }
@@ -232,8 +235,7 @@ TEST(ReferenceLowLatency, CombineOfOnesGivesSumOfValidWeights) {
         const size_t slot = static_cast<size_t>(t) * p.num_topk + k;
         if (in[s].topk_idx[slot] >= 0) expected += back[s].topk_weights[slot];
       }
-      for (int c = 0; c < p.hidden; ++c)
-        ASSERT_EQ(combined[s][static_cast<size_t>(t) * p.hidden + c], expected);
+      for (int c = 0; c < p.hidden; ++c) ASSERT_EQ(combined[s][static_cast<size_t>(t) * p.hidden + c], expected);
     }
   }
 }
@@ -252,19 +254,17 @@ TEST(ReferenceLowLatency, CanonicalOrderUndoesGpuShuffles) {
       rows.src_token, std::span(out[1].layout_range).subspan(2, 2), out[1].recv_count[1]);
   EXPECT_EQ(identity, (std::vector<int32_t>{0, 1, 2}));
 
+  expect_invalid_argument([&] { ref::low_latency_canonical_order(src_info, ranges, 5); }, "layout_range");
   expect_invalid_argument(
-      [&] { ref::low_latency_canonical_order(src_info, ranges, 5); }, "layout_range");
-  expect_invalid_argument([&] {
-    ref::low_latency_canonical_order(src_info, std::vector<int64_t>{range_of(0, 3), range_of(2, 3)}, 6);
-  }, "overlaps");
-  expect_invalid_argument([&] {
-    ref::low_latency_canonical_order(src_info, std::vector<int64_t>{range_of(0, 3), range_of(4, 2)}, 6);
-  }, "cover");
-  expect_invalid_argument([&] {
-    ref::low_latency_canonical_order(std::vector<int32_t>{1, 1}, std::vector<int64_t>{range_of(0, 2)}, 2);
-  }, "twice");
-  expect_invalid_argument([&] { ref::low_latency_canonical_order(src_info, ranges, 8); },
-                          "recv_count");
+      [&] { ref::low_latency_canonical_order(src_info, std::vector<int64_t>{range_of(0, 3), range_of(2, 3)}, 6); },
+      "overlaps");
+  expect_invalid_argument(
+      [&] { ref::low_latency_canonical_order(src_info, std::vector<int64_t>{range_of(0, 3), range_of(4, 2)}, 6); },
+      "cover");
+  expect_invalid_argument(
+      [&] { ref::low_latency_canonical_order(std::vector<int32_t>{1, 1}, std::vector<int64_t>{range_of(0, 2)}, 2); },
+      "twice");
+  expect_invalid_argument([&] { ref::low_latency_canonical_order(src_info, ranges, 8); }, "recv_count");
 }
 
 TEST(ReferenceLowLatency, BadInputThrows) {
@@ -278,8 +278,7 @@ TEST(ReferenceLowLatency, BadInputThrows) {
   too_many[1].num_tokens = 5;
   too_many[1].x.resize(10);
   too_many[1].topk_idx.resize(10, -1);
-  expect_invalid_argument([&] { ref::low_latency_dispatch(too_many, params); },
-                          "ranks[1].num_tokens");
+  expect_invalid_argument([&] { ref::low_latency_dispatch(too_many, params); }, "ranks[1].num_tokens");
   auto bad_id = hand_inputs();
   bad_id[0].topk_idx[3] = 4;
   expect_invalid_argument([&] { ref::low_latency_dispatch(bad_id, params); }, "ranks[0].topk_idx");
@@ -287,19 +286,11 @@ TEST(ReferenceLowLatency, BadInputThrows) {
   short_x[0].x.pop_back();
   expect_invalid_argument([&] { ref::low_latency_dispatch(short_x, params); }, "ranks[0].x:");
   expect_invalid_argument(
-      [&] {
-        ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.use_fp8 = true; }));
-      },
-      "hidden");
+      [&] { ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.use_fp8 = true; })); }, "hidden");
   expect_invalid_argument(
-      [&] {
-        ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.use_ue8m0 = true; }));
-      },
-      "use_ue8m0");
+      [&] { ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.use_ue8m0 = true; })); }, "use_ue8m0");
   expect_invalid_argument(
-      [&] {
-        ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.num_experts = 3; }));
-      },
+      [&] { ref::low_latency_dispatch(hand_inputs(), with_params([](auto& p) { p.num_experts = 3; })); },
       "num_experts");
 
   // Combine: a token must have been dispatched to each expert it names.
@@ -313,14 +304,11 @@ TEST(ReferenceLowLatency, BadInputThrows) {
   EXPECT_NO_THROW(ref::low_latency_combine(back, out, params));
   auto rerouted = back;
   rerouted[0].topk_idx[4] = 1;  // r0.t2 never went to expert 1
-  expect_invalid_argument([&] { ref::low_latency_combine(rerouted, out, params); },
-                          "not dispatched");
+  expect_invalid_argument([&] { ref::low_latency_combine(rerouted, out, params); }, "not dispatched");
   auto short_weights = back;
   short_weights[1].topk_weights.pop_back();
-  expect_invalid_argument([&] { ref::low_latency_combine(short_weights, out, params); },
-                          "ranks[1].topk_weights");
+  expect_invalid_argument([&] { ref::low_latency_combine(short_weights, out, params); }, "ranks[1].topk_weights");
   auto short_expert = back;
   short_expert[1].expert_x[1].pop_back();
-  expect_invalid_argument([&] { ref::low_latency_combine(short_expert, out, params); },
-                          "ranks[1].expert_x");
+  expect_invalid_argument([&] { ref::low_latency_combine(short_expert, out, params); }, "ranks[1].expert_x");
 }

@@ -1,5 +1,7 @@
 // Normal dispatch and combine of the host reference: a two-rank case written out by hand,
 // then properties on random routings checked against get_dispatch_layout.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -7,8 +9,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "expect_invalid_argument.hpp"
 #include "reference.hpp"
@@ -51,8 +51,7 @@ std::vector<ref::NormalDispatchInput> hand_inputs() {
 }
 
 ref::NormalDispatchParams hand_params(int expert_alignment) {
-  return {.row_bytes = 1, .num_scales = 1, .num_topk = 2, .num_experts = 4,
-          .expert_alignment = expert_alignment};
+  return {.row_bytes = 1, .num_scales = 1, .num_topk = 2, .num_experts = 4, .expert_alignment = expert_alignment};
 }
 
 struct RandomCase {
@@ -66,8 +65,7 @@ struct RandomCase {
 };
 
 // Random routing with -1 slots and duplicates; rank 1 sends nothing; x is random bf16.
-RandomCase make_random_case(uint32_t seed, int num_ranks, int num_experts, int num_topk,
-                            int hidden) {
+RandomCase make_random_case(uint32_t seed, int num_ranks, int num_experts, int num_topk, int hidden) {
   std::mt19937 rng(seed);
   RandomCase c;
   c.num_ranks = num_ranks;
@@ -82,15 +80,13 @@ RandomCase make_random_case(uint32_t seed, int num_ranks, int num_experts, int n
     const int num_tokens = r == 1 ? 0 : tokens(rng);
     std::vector<int64_t> topk(static_cast<size_t>(num_tokens) * num_topk);
     for (int64_t& id : topk) id = percent(rng) < 20 ? -1 : expert(rng);
-    ref::DispatchLayout layout =
-        ref::get_dispatch_layout(topk, num_tokens, num_topk, num_ranks, num_experts, 1);
+    ref::DispatchLayout layout = ref::get_dispatch_layout(topk, num_tokens, num_topk, num_ranks, num_experts, 1);
     ref::NormalDispatchInput in;
     in.num_tokens = num_tokens;
     std::vector<uint16_t> x(static_cast<size_t>(num_tokens) * hidden);
     for (uint16_t& v : x) v = ref::float_to_bf16(normal(rng));
     in.x = bf16_bytes(x);
-    for (int i = 0; i < num_tokens * (hidden / 128 > 0 ? hidden / 128 : 1); ++i)
-      in.x_scales.push_back(normal(rng));
+    for (int i = 0; i < num_tokens * (hidden / 128 > 0 ? hidden / 128 : 1); ++i) in.x_scales.push_back(normal(rng));
     in.topk_idx = topk;
     for (size_t i = 0; i < topk.size(); ++i) in.topk_weights.push_back(std::fabs(normal(rng)));
     in.is_token_in_rank = layout.is_token_in_rank;
@@ -102,8 +98,10 @@ RandomCase make_random_case(uint32_t seed, int num_ranks, int num_experts, int n
 }
 
 ref::NormalDispatchParams random_params(const RandomCase& c, int expert_alignment) {
-  return {.row_bytes = 2 * c.hidden, .num_scales = c.hidden / 128 > 0 ? c.hidden / 128 : 1,
-          .num_topk = c.num_topk, .num_experts = c.num_experts,
+  return {.row_bytes = 2 * c.hidden,
+          .num_scales = c.hidden / 128 > 0 ? c.hidden / 128 : 1,
+          .num_topk = c.num_topk,
+          .num_experts = c.num_experts,
           .expert_alignment = expert_alignment};
 }
 
@@ -136,8 +134,7 @@ TEST(ReferenceNormalDispatch, TwoRanksByHand) {
   EXPECT_EQ(r1.recv_src_rank, (std::vector<int32_t>{0, 0, 1, 1}));
   EXPECT_EQ(r1.recv_src_idx, (std::vector<int32_t>{0, 2, 0, 1}));
   EXPECT_EQ(r1.recv_topk_idx, (std::vector<int64_t>{-1, 1, -1, 0, 0, 1, 1, -1}));
-  EXPECT_EQ(r1.recv_topk_weights,
-            (std::vector<float>{0.0f, 0.25f, 0.0f, 0.1f, 0.6f, 0.4f, 0.7f, 0.0f}));
+  EXPECT_EQ(r1.recv_topk_weights, (std::vector<float>{0.0f, 0.25f, 0.0f, 0.1f, 0.6f, 0.4f, 0.7f, 0.0f}));
   EXPECT_EQ(r1.num_recv_tokens_per_expert, (std::vector<int32_t>{2, 3}));
 
   // From rank 0: 2 to rank 0, 2 to rank 1; from rank 1: 1 to rank 0, 2 to rank 1.
@@ -219,8 +216,7 @@ TEST(ReferenceNormal, RandomDispatchMatchesLayout) {
       const ref::NormalDispatchResult& d = out[dst];
       // Receive size = what the senders' layouts say they send to dst.
       int expected_recv = 0;
-      for (int src = 0; src < c.num_ranks; ++src)
-        expected_recv += c.layouts[src].num_tokens_per_rank[dst];
+      for (int src = 0; src < c.num_ranks; ++src) expected_recv += c.layouts[src].num_tokens_per_rank[dst];
       EXPECT_EQ(d.num_recv, expected_recv);
       ASSERT_EQ(d.recv_x.size(), static_cast<size_t>(d.num_recv) * row_bytes);
 
@@ -240,14 +236,12 @@ TEST(ReferenceNormal, RandomDispatchMatchesLayout) {
         const int src = d.recv_src_rank[row];
         const int tok = d.recv_src_idx[row];
         if (row > 0) {
-          const bool ordered = d.recv_src_rank[row - 1] < src ||
-                               (d.recv_src_rank[row - 1] == src && d.recv_src_idx[row - 1] < tok);
+          const bool ordered =
+              d.recv_src_rank[row - 1] < src || (d.recv_src_rank[row - 1] == src && d.recv_src_idx[row - 1] < tok);
           ASSERT_TRUE(ordered) << "row " << row;
         }
         ASSERT_TRUE(c.inputs[src].is_token_in_rank[static_cast<size_t>(tok) * c.num_ranks + dst]);
-        ASSERT_EQ(std::memcmp(&d.recv_x[row * row_bytes], &c.inputs[src].x[tok * row_bytes],
-                              row_bytes),
-                  0);
+        ASSERT_EQ(std::memcmp(&d.recv_x[row * row_bytes], &c.inputs[src].x[tok * row_bytes], row_bytes), 0);
         for (int k = 0; k < c.num_topk; ++k) {
           const int64_t global = c.topk[src][static_cast<size_t>(tok) * c.num_topk + k];
           const int64_t local = d.recv_topk_idx[static_cast<size_t>(row) * c.num_topk + k];
@@ -350,8 +344,7 @@ TEST(ReferenceNormal, AllTokensToOneExpert) {
     in[r].topk_idx.assign(10, -1);
     for (int t = 0; t < 5; ++t) in[r].topk_idx[t * 2] = 6;  // expert 6 lives on rank 3
     in[r].topk_weights.assign(10, 1.0f);
-    in[r].is_token_in_rank =
-        ref::get_dispatch_layout(in[r].topk_idx, 5, 2, 4, 8, 4).is_token_in_rank;
+    in[r].is_token_in_rank = ref::get_dispatch_layout(in[r].topk_idx, 5, 2, 4, 8, 4).is_token_in_rank;
   }
   const auto out = ref::normal_dispatch(in, {.row_bytes = 1, .num_topk = 2, .num_experts = 8});
   for (int r = 0; r < 3; ++r) {
@@ -360,8 +353,7 @@ TEST(ReferenceNormal, AllTokensToOneExpert) {
   }
   EXPECT_EQ(out[3].num_recv, 20);
   EXPECT_EQ(out[3].num_recv_tokens_per_expert, (std::vector<int32_t>{20, 0}));
-  EXPECT_EQ(out[3].rank_prefix_matrix,
-            (std::vector<int32_t>{0, 0, 0, 5, 0, 0, 0, 10, 0, 0, 0, 15, 0, 0, 0, 20}));
+  EXPECT_EQ(out[3].rank_prefix_matrix, (std::vector<int32_t>{0, 0, 0, 5, 0, 0, 0, 10, 0, 0, 0, 15, 0, 0, 0, 20}));
 }
 
 TEST(ReferenceNormal, BadInputThrows) {
@@ -371,26 +363,20 @@ TEST(ReferenceNormal, BadInputThrows) {
     edit(in);
     return in;
   };
-  expect_invalid_argument(
-      [&] { ref::normal_dispatch(with([](auto& in) { in[1].topk_idx[0] = 4; }), params); },
-      "ranks[1].topk_idx");
-  expect_invalid_argument(
-      [&] { ref::normal_dispatch(with([](auto& in) { in[0].is_token_in_rank[2] = 2; }), params); },
-      "ranks[0].is_token_in_rank");
-  expect_invalid_argument(
-      [&] { ref::normal_dispatch(with([](auto& in) { in[0].x.pop_back(); }), params); },
-      "ranks[0].x:");
-  expect_invalid_argument(
-      [&] { ref::normal_dispatch(with([](auto& in) { in[1].topk_weights.pop_back(); }), params); },
-      "ranks[1].topk_weights");
-  expect_invalid_argument(
-      [&] { ref::normal_dispatch(with([](auto& in) { in[1].x_scales.clear(); }), params); },
-      "ranks[1].x_scales");
+  expect_invalid_argument([&] { ref::normal_dispatch(with([](auto& in) { in[1].topk_idx[0] = 4; }), params); },
+                          "ranks[1].topk_idx");
+  expect_invalid_argument([&] { ref::normal_dispatch(with([](auto& in) { in[0].is_token_in_rank[2] = 2; }), params); },
+                          "ranks[0].is_token_in_rank");
+  expect_invalid_argument([&] { ref::normal_dispatch(with([](auto& in) { in[0].x.pop_back(); }), params); },
+                          "ranks[0].x:");
+  expect_invalid_argument([&] { ref::normal_dispatch(with([](auto& in) { in[1].topk_weights.pop_back(); }), params); },
+                          "ranks[1].topk_weights");
+  expect_invalid_argument([&] { ref::normal_dispatch(with([](auto& in) { in[1].x_scales.clear(); }), params); },
+                          "ranks[1].x_scales");
   expect_invalid_argument(
       [&] { ref::normal_dispatch(with([](auto& in) { in[0].is_token_in_rank.pop_back(); }), params); },
       "ranks[0].is_token_in_rank");
-  expect_invalid_argument([&] { ref::normal_dispatch(hand_inputs(), hand_params(0)); },
-                          "expert_alignment");
+  expect_invalid_argument([&] { ref::normal_dispatch(hand_inputs(), hand_params(0)); }, "expert_alignment");
   expect_invalid_argument(
       [&] {
         auto p = hand_params(1);
@@ -406,10 +392,8 @@ TEST(ReferenceNormal, BadInputThrows) {
   back[1].x.assign(4, 0);
   EXPECT_NO_THROW(ref::normal_combine(back, dispatched, 1, 0));
   expect_invalid_argument([&] { ref::normal_combine(back, dispatched, 2, 0); }, "ranks[0].x:");
-  expect_invalid_argument([&] { ref::normal_combine(back, dispatched, 1, 2); },
-                          "ranks[0].topk_weights");
-  expect_invalid_argument(
-      [&] { ref::normal_combine(back, std::span(dispatched).first(1), 1, 0); }, "dispatch");
+  expect_invalid_argument([&] { ref::normal_combine(back, dispatched, 1, 2); }, "ranks[0].topk_weights");
+  expect_invalid_argument([&] { ref::normal_combine(back, std::span(dispatched).first(1), 1, 0); }, "dispatch");
   back[1].bias0.assign(3, 0);
   expect_invalid_argument([&] { ref::normal_combine(back, dispatched, 1, 0); }, "ranks[1].bias0");
 }

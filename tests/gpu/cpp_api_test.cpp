@@ -17,14 +17,14 @@
 
 namespace {
 
-#define EXPECT(cond, ...)                                      \
-  do {                                                         \
-    if (!(cond)) {                                             \
+#define EXPECT(cond, ...)                                               \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       std::fprintf(stderr, "rank %d: check failed: %s: ", rank, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                       \
-      std::fprintf(stderr, "\n");                              \
-      return 1;                                                \
-    }                                                          \
+      std::fprintf(stderr, __VA_ARGS__);                                \
+      std::fprintf(stderr, "\n");                                       \
+      return 1;                                                         \
+    }                                                                   \
   } while (0)
 
 int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
@@ -152,10 +152,11 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   d.is_token_in_rank = counts.is_token_in_rank;
   d.rank_prefix_matrix = prefix;
   d.num_sms = 4;
-  const turnout::DispatchOutputs outputs{d_recv, nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src),
+  const turnout::DispatchOutputs outputs{d_recv,        nullptr, nullptr, nullptr, static_cast<int32_t*>(d_src),
                                          prefix + R * R};
   const auto free_all = [&] {
-    for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out, d_topk}) TURNOUT_CUDA_CHECK(cudaFree(p));
+    for (void* p : {d_x, d_in_rank, d_per_expert, d_meta, d_recv, d_src, d_out, d_topk})
+      TURNOUT_CUDA_CHECK(cudaFree(p));
   };
   if (input == Input::kBadExpertOnRank0) {
     std::string error;

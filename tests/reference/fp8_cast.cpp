@@ -30,13 +30,14 @@ int log2_ceil(float v) {
 Fp8Row cast_row_to_fp8(std::span<const uint16_t> x, bool round_scale, bool use_ue8m0) {
   const size_t hidden = x.size();
   if (hidden == 0 || hidden % kGroup != 0)
-    throw std::invalid_argument("hidden: the fp8 cast needs a positive multiple of 128, got " +
-                                std::to_string(hidden));
+    throw std::invalid_argument("hidden: the fp8 cast needs a positive multiple of 128, got " + std::to_string(hidden));
   if (use_ue8m0 && !round_scale)
     throw std::invalid_argument("use_ue8m0: needs round_scale (a ue8m0 byte holds a power of two)");
   if (use_ue8m0 && hidden % (4 * kGroup) != 0)
-    throw std::invalid_argument("hidden: use_ue8m0 packs 4 scales per int32, needs a multiple of "
-                                "512, got " + std::to_string(hidden));
+    throw std::invalid_argument(
+        "hidden: use_ue8m0 packs 4 scales per int32, needs a multiple of "
+        "512, got " +
+        std::to_string(hidden));
 
   const size_t num_groups = hidden / kGroup;
   Fp8Row row;
@@ -60,8 +61,7 @@ Fp8Row cast_row_to_fp8(std::span<const uint16_t> x, bool round_scale, bool use_u
       inv_scale = kE4m3Max / amax;
     }
     row.scales[g] = scale;
-    for (size_t c = g * kGroup; c < (g + 1) * kGroup; ++c)
-      row.q[c] = float_to_e4m3(bf16_to_float(x[c]) * inv_scale);
+    for (size_t c = g * kGroup; c < (g + 1) * kGroup; ++c) row.q[c] = float_to_e4m3(bf16_to_float(x[c]) * inv_scale);
   }
 
   if (use_ue8m0) {

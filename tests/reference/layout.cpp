@@ -9,38 +9,28 @@
 
 namespace turnout::reference {
 
-void check_expert_ids(std::span<const int64_t> topk_idx, int num_experts, int num_ranks,
-                      const char* arg) {
-  if (num_ranks <= 0)
-    throw std::invalid_argument("num_ranks: must be positive, got " + std::to_string(num_ranks));
+void check_expert_ids(std::span<const int64_t> topk_idx, int num_experts, int num_ranks, const char* arg) {
+  if (num_ranks <= 0) throw std::invalid_argument("num_ranks: must be positive, got " + std::to_string(num_ranks));
   if (num_experts <= 0 || num_experts % num_ranks != 0)
-    throw std::invalid_argument("num_experts: must be a positive multiple of num_ranks (" +
-                                std::to_string(num_ranks) + "), got " +
-                                std::to_string(num_experts));
+    throw std::invalid_argument("num_experts: must be a positive multiple of num_ranks (" + std::to_string(num_ranks) +
+                                "), got " + std::to_string(num_experts));
   for (size_t i = 0; i < topk_idx.size(); ++i) {
     if (topk_idx[i] < -1 || topk_idx[i] >= num_experts)
-      throw std::invalid_argument(std::string(arg) + ": expert id " +
-                                  std::to_string(topk_idx[i]) + " at flat index " +
-                                  std::to_string(i) + " is outside [-1, " +
-                                  std::to_string(num_experts) + ")");
+      throw std::invalid_argument(std::string(arg) + ": expert id " + std::to_string(topk_idx[i]) + " at flat index " +
+                                  std::to_string(i) + " is outside [-1, " + std::to_string(num_experts) + ")");
   }
 }
 
-DispatchLayout get_dispatch_layout(std::span<const int64_t> topk_idx, int num_tokens,
-                                   int num_topk, int num_ranks, int num_experts,
-                                   int num_nvl_ranks) {
-  if (num_tokens < 0)
-    throw std::invalid_argument("num_tokens: must be >= 0, got " + std::to_string(num_tokens));
-  if (num_topk <= 0)
-    throw std::invalid_argument("num_topk: must be positive, got " + std::to_string(num_topk));
+DispatchLayout get_dispatch_layout(std::span<const int64_t> topk_idx, int num_tokens, int num_topk, int num_ranks,
+                                   int num_experts, int num_nvl_ranks) {
+  if (num_tokens < 0) throw std::invalid_argument("num_tokens: must be >= 0, got " + std::to_string(num_tokens));
+  if (num_topk <= 0) throw std::invalid_argument("num_topk: must be positive, got " + std::to_string(num_topk));
   if (topk_idx.size() != static_cast<size_t>(num_tokens) * num_topk)
-    throw std::invalid_argument("topk_idx: expected " + std::to_string(num_tokens) + " x " +
-                                std::to_string(num_topk) + " ids, got " +
-                                std::to_string(topk_idx.size()));
+    throw std::invalid_argument("topk_idx: expected " + std::to_string(num_tokens) + " x " + std::to_string(num_topk) +
+                                " ids, got " + std::to_string(topk_idx.size()));
   check_expert_ids(topk_idx, num_experts, num_ranks, "topk_idx");
   if (num_nvl_ranks <= 0 || num_ranks % num_nvl_ranks != 0)
-    throw std::invalid_argument("num_nvl_ranks: must divide num_ranks (" +
-                                std::to_string(num_ranks) + "), got " +
+    throw std::invalid_argument("num_nvl_ranks: must divide num_ranks (" + std::to_string(num_ranks) + "), got " +
                                 std::to_string(num_nvl_ranks));
 
   const int experts_per_rank = num_experts / num_ranks;

@@ -15,24 +15,19 @@ namespace {
 void expect_size(size_t got, size_t expected, size_t rank, const char* field) {
   if (got != expected)
     throw std::invalid_argument("ranks[" + std::to_string(rank) + "]." + field + ": expected " +
-                                std::to_string(expected) + " elements, got " +
-                                std::to_string(got));
+                                std::to_string(expected) + " elements, got " + std::to_string(got));
 }
 
-void check_dispatch_inputs(std::span<const NormalDispatchInput> ranks,
-                           const NormalDispatchParams& params) {
+void check_dispatch_inputs(std::span<const NormalDispatchInput> ranks, const NormalDispatchParams& params) {
   if (ranks.empty()) throw std::invalid_argument("ranks: need at least one rank");
   if (params.row_bytes <= 0)
-    throw std::invalid_argument("row_bytes: must be positive, got " +
-                                std::to_string(params.row_bytes));
+    throw std::invalid_argument("row_bytes: must be positive, got " + std::to_string(params.row_bytes));
   if (params.num_scales < 0)
-    throw std::invalid_argument("num_scales: must be >= 0, got " +
-                                std::to_string(params.num_scales));
+    throw std::invalid_argument("num_scales: must be >= 0, got " + std::to_string(params.num_scales));
   if (params.num_topk < 0)
     throw std::invalid_argument("num_topk: must be >= 0, got " + std::to_string(params.num_topk));
   if (params.expert_alignment < 1)
-    throw std::invalid_argument("expert_alignment: must be >= 1, got " +
-                                std::to_string(params.expert_alignment));
+    throw std::invalid_argument("expert_alignment: must be >= 1, got " + std::to_string(params.expert_alignment));
   const size_t num_ranks = ranks.size();
   for (size_t r = 0; r < num_ranks; ++r) {
     const NormalDispatchInput& in = ranks[r];
@@ -47,8 +42,7 @@ void check_dispatch_inputs(std::span<const NormalDispatchInput> ranks,
     expect_size(in.is_token_in_rank.size(), tokens * num_ranks, r, "is_token_in_rank");
     for (uint8_t v : in.is_token_in_rank)
       if (v > 1)
-        throw std::invalid_argument("ranks[" + std::to_string(r) +
-                                    "].is_token_in_rank: entries must be 0 or 1, got " +
+        throw std::invalid_argument("ranks[" + std::to_string(r) + "].is_token_in_rank: entries must be 0 or 1, got " +
                                     std::to_string(v));
     if (params.num_topk > 0)
       check_expert_ids(in.topk_idx, params.num_experts, static_cast<int>(num_ranks),
@@ -74,8 +68,7 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
     int32_t running = 0;
     for (int src = 0; src < num_ranks; ++src) {
       const NormalDispatchInput& in = ranks[src];
-      for (int t = 0; t < in.num_tokens; ++t)
-        running += in.is_token_in_rank[static_cast<size_t>(t) * num_ranks + dst];
+      for (int t = 0; t < in.num_tokens; ++t) running += in.is_token_in_rank[static_cast<size_t>(t) * num_ranks + dst];
       prefix[static_cast<size_t>(src) * num_ranks + dst] = running;
     }
   }
@@ -95,8 +88,7 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
       for (int t = 0; t < in.num_tokens; ++t) {
         const size_t tok = static_cast<size_t>(t);
         if (!in.is_token_in_rank[tok * num_ranks + dst]) continue;
-        out.recv_x.insert(out.recv_x.end(), in.x.begin() + tok * row_bytes,
-                          in.x.begin() + (tok + 1) * row_bytes);
+        out.recv_x.insert(out.recv_x.end(), in.x.begin() + tok * row_bytes, in.x.begin() + (tok + 1) * row_bytes);
         out.recv_x_scales.insert(out.recv_x_scales.end(), in.x_scales.begin() + tok * num_scales,
                                  in.x_scales.begin() + (tok + 1) * num_scales);
         out.recv_src_rank.push_back(src);
@@ -122,28 +114,24 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
 }
 
 std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInput> ranks,
-                                                std::span<const NormalDispatchResult> dispatch,
-                                                int hidden, int num_topk, int only_rank) {
+                                                std::span<const NormalDispatchResult> dispatch, int hidden,
+                                                int num_topk, int only_rank) {
   if (ranks.empty()) throw std::invalid_argument("ranks: need at least one rank");
   if (only_rank < -1 || only_rank >= static_cast<int>(ranks.size()))
-    throw std::invalid_argument("only_rank: must be -1 or a rank in [0, " + std::to_string(ranks.size()) +
-                                "), got " + std::to_string(only_rank));
+    throw std::invalid_argument("only_rank: must be -1 or a rank in [0, " + std::to_string(ranks.size()) + "), got " +
+                                std::to_string(only_rank));
   if (dispatch.size() != ranks.size())
-    throw std::invalid_argument("dispatch: expected one result per rank (" +
-                                std::to_string(ranks.size()) + "), got " +
+    throw std::invalid_argument("dispatch: expected one result per rank (" + std::to_string(ranks.size()) + "), got " +
                                 std::to_string(dispatch.size()));
-  if (hidden <= 0)
-    throw std::invalid_argument("hidden: must be positive, got " + std::to_string(hidden));
-  if (num_topk < 0)
-    throw std::invalid_argument("num_topk: must be >= 0, got " + std::to_string(num_topk));
+  if (hidden <= 0) throw std::invalid_argument("hidden: must be positive, got " + std::to_string(hidden));
+  if (num_topk < 0) throw std::invalid_argument("num_topk: must be >= 0, got " + std::to_string(num_topk));
   const size_t num_ranks = ranks.size();
   const size_t h = static_cast<size_t>(hidden);
   const size_t k_count = static_cast<size_t>(num_topk);
   for (size_t r = 0; r < num_ranks; ++r) {
     const NormalDispatchResult& d = dispatch[r];
     const size_t num_recv = static_cast<size_t>(d.num_recv);
-    if (d.num_recv < 0 || d.num_tokens < 0 || d.recv_src_rank.size() != num_recv ||
-        d.recv_src_idx.size() != num_recv)
+    if (d.num_recv < 0 || d.num_tokens < 0 || d.recv_src_rank.size() != num_recv || d.recv_src_idx.size() != num_recv)
       throw std::invalid_argument("dispatch[" + std::to_string(r) +
                                   "]: inconsistent num_recv / recv_src_rank / recv_src_idx");
     expect_size(ranks[r].x.size(), num_recv * h, r, "x");
@@ -158,8 +146,7 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
   for (size_t s = 0; s < num_ranks; ++s) {
     if (!wanted(s)) continue;
     results[s].combined_x.assign(static_cast<size_t>(dispatch[s].num_tokens) * h, 0.0);
-    results[s].combined_topk_weights.assign(static_cast<size_t>(dispatch[s].num_tokens) * k_count,
-                                            0.0);
+    results[s].combined_topk_weights.assign(static_cast<size_t>(dispatch[s].num_tokens) * k_count, 0.0);
   }
   // Receivers in rank order, rows in receive order: a fixed order for the fp64 sums.
   for (size_t r = 0; r < num_ranks; ++r) {
@@ -167,11 +154,9 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
     for (size_t row = 0; row < static_cast<size_t>(d.num_recv); ++row) {
       const int32_t src = d.recv_src_rank[row];
       const int32_t tok = d.recv_src_idx[row];
-      if (src < 0 || static_cast<size_t>(src) >= num_ranks || tok < 0 ||
-          tok >= dispatch[src].num_tokens)
-        throw std::invalid_argument("dispatch[" + std::to_string(r) + "]: row " +
-                                    std::to_string(row) + " names source (" +
-                                    std::to_string(src) + ", " + std::to_string(tok) +
+      if (src < 0 || static_cast<size_t>(src) >= num_ranks || tok < 0 || tok >= dispatch[src].num_tokens)
+        throw std::invalid_argument("dispatch[" + std::to_string(r) + "]: row " + std::to_string(row) +
+                                    " names source (" + std::to_string(src) + ", " + std::to_string(tok) +
                                     ") that does not exist");
       if (!wanted(static_cast<size_t>(src))) continue;
       double* dst_x = &results[src].combined_x[static_cast<size_t>(tok) * h];

@@ -5,8 +5,8 @@
 
 #include <cmath>
 #include <initializer_list>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "reference.hpp"
@@ -32,8 +32,8 @@ auto dispatch_layout(HostArray<const int64_t> topk_idx, int num_ranks, int num_e
   if (topk_idx.ndim() != 2) throw std::invalid_argument("topk_idx must be 2-D");
   const int t = static_cast<int>(topk_idx.shape(0));
   const int k = static_cast<int>(topk_idx.shape(1));
-  auto l = reference::get_dispatch_layout({topk_idx.data(), topk_idx.size()}, t, k, num_ranks, num_experts,
-                                          num_nvl_ranks);
+  auto l =
+      reference::get_dispatch_layout({topk_idx.data(), topk_idx.size()}, t, k, num_ranks, num_experts, num_nvl_ranks);
   const size_t r = num_ranks;
   const size_t rdma = l.num_tokens_per_rdma_rank.size();
   return nb::make_tuple(to_numpy(std::move(l.num_tokens_per_rank), {r}),
@@ -155,10 +155,14 @@ NB_MODULE(turnout_reference, m) {
   constexpr auto fresh = nb::rv_policy::automatic;
   using D = const DispatchResult&;
   nb::class_<DispatchResult>(m, "NormalDispatchResult")
-      .def_prop_ro("num_recv", [](D d) { return d.r.num_recv; }, fresh)
-      .def_prop_ro("recv_x", [](D d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, fresh)
-      .def_prop_ro("recv_x_scales", [](D d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, fresh)
-      .def_prop_ro("recv_topk_idx", [](D d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, fresh)
+      .def_prop_ro(
+          "num_recv", [](D d) { return d.r.num_recv; }, fresh)
+      .def_prop_ro(
+          "recv_x", [](D d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, fresh)
+      .def_prop_ro(
+          "recv_x_scales", [](D d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, fresh)
+      .def_prop_ro(
+          "recv_topk_idx", [](D d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, fresh)
       .def_prop_ro(
           "recv_topk_weights", [](D d) { return copy_out(d.r.recv_topk_weights, d.r.num_recv, d.num_topk); }, fresh)
       .def_prop_ro(
@@ -176,8 +180,8 @@ NB_MODULE(turnout_reference, m) {
             return copy_out(d.r.rank_prefix_matrix, r, r);
           },
           fresh);
-  m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a,
-        "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a,
+  m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a, "is_token_in_rank"_a,
+        "num_experts"_a, "expert_alignment"_a,
         "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");
   m.def("normal_combine", &normal_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a, "hidden"_a,
         "num_topk"_a, "only_rank"_a = -1,

@@ -53,14 +53,12 @@ struct DispatchLayout {
 };
 
 // topk_idx: [num_tokens, num_topk] global expert ids in [-1, E).
-DispatchLayout get_dispatch_layout(std::span<const int64_t> topk_idx, int num_tokens,
-                                   int num_topk, int num_ranks, int num_experts,
-                                   int num_nvl_ranks);
+DispatchLayout get_dispatch_layout(std::span<const int64_t> topk_idx, int num_tokens, int num_topk, int num_ranks,
+                                   int num_experts, int num_nvl_ranks);
 
 // Throws unless every id is in [-1, num_experts) and E is a positive multiple of R;
 // `arg` names the tensor in the message.
-void check_expert_ids(std::span<const int64_t> topk_idx, int num_experts, int num_ranks,
-                      const char* arg);
+void check_expert_ids(std::span<const int64_t> topk_idx, int num_experts, int num_ranks, const char* arg);
 
 // ---------------------------------------------------------------------------
 // Normal (intranode / internode) dispatch and combine, all ranks at once
@@ -85,16 +83,16 @@ struct NormalDispatchParams {
 
 // What one rank r gets back. Rows are ordered by source rank, then source token index.
 struct NormalDispatchResult {
-  int num_tokens = 0;                       // r's own T as a source: combine's output rows
+  int num_tokens = 0;  // r's own T as a source: combine's output rows
   int num_recv = 0;
-  std::vector<uint8_t> recv_x;              // [num_recv, row_bytes]
-  std::vector<float> recv_x_scales;         // [num_recv, num_scales]
-  std::vector<int64_t> recv_topk_idx;       // [num_recv, K] local ids e - r*L, -1 if not on r
-  std::vector<float> recv_topk_weights;     // [num_recv, K], 0 where the id is -1
-  std::vector<int32_t> recv_src_rank;       // [num_recv]
-  std::vector<int32_t> recv_src_idx;        // [num_recv] token index on the source rank
+  std::vector<uint8_t> recv_x;                      // [num_recv, row_bytes]
+  std::vector<float> recv_x_scales;                 // [num_recv, num_scales]
+  std::vector<int64_t> recv_topk_idx;               // [num_recv, K] local ids e - r*L, -1 if not on r
+  std::vector<float> recv_topk_weights;             // [num_recv, K], 0 where the id is -1
+  std::vector<int32_t> recv_src_rank;               // [num_recv]
+  std::vector<int32_t> recv_src_idx;                // [num_recv] token index on the source rank
   std::vector<int32_t> num_recv_tokens_per_expert;  // [L] aligned; empty without top-k
-  std::vector<int32_t> rank_prefix_matrix;  // [R, R]: [i][j] = tokens j gets from ranks 0..i
+  std::vector<int32_t> rank_prefix_matrix;          // [R, R]: [i][j] = tokens j gets from ranks 0..i
 };
 
 // ranks[r] is rank r's input; R = ranks.size().
@@ -103,10 +101,10 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
 
 // What one rank passes to combine.
 struct NormalCombineInput {
-  std::vector<uint16_t> x;             // [num_recv, H] bf16 in this rank's dispatch order
-  std::vector<float> topk_weights;     // [num_recv, K], when num_topk > 0
-  std::vector<uint16_t> bias0;         // [T, H] bf16 on this rank as a source; empty = none
-  std::vector<uint16_t> bias1;         // second bias of a tuple; empty = none
+  std::vector<uint16_t> x;          // [num_recv, H] bf16 in this rank's dispatch order
+  std::vector<float> topk_weights;  // [num_recv, K], when num_topk > 0
+  std::vector<uint16_t> bias0;      // [T, H] bf16 on this rank as a source; empty = none
+  std::vector<uint16_t> bias1;      // second bias of a tuple; empty = none
 };
 
 // fp64 sums (exact for a few bf16 terms); double_to_bf16 gives what the GPU should store,
@@ -120,16 +118,16 @@ struct NormalCombineResult {
 // only_rank >= 0: compute that rank's result alone (the others stay empty), which
 // is what one rank of a test needs: 1/R of the sums.
 std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInput> ranks,
-                                                std::span<const NormalDispatchResult> dispatch,
-                                                int hidden, int num_topk, int only_rank = -1);
+                                                std::span<const NormalDispatchResult> dispatch, int hidden,
+                                                int num_topk, int only_rank = -1);
 
 // ---------------------------------------------------------------------------
 // Low-latency dispatch and combine, all ranks at once
 
 struct LowLatencyDispatchInput {
-  int num_tokens = 0;              // T <= num_max_dispatch_tokens_per_rank
-  std::vector<uint16_t> x;         // [T, H] bf16
-  std::vector<int64_t> topk_idx;   // [T, K] global ids
+  int num_tokens = 0;             // T <= num_max_dispatch_tokens_per_rank
+  std::vector<uint16_t> x;        // [T, H] bf16
+  std::vector<int64_t> topk_idx;  // [T, K] global ids
 };
 
 struct LowLatencyParams {
@@ -138,8 +136,8 @@ struct LowLatencyParams {
   int num_experts = 0;                       // E
   int num_topk = 0;                          // K
   bool use_fp8 = false;
-  bool round_scale = false;                  // used only with use_fp8
-  bool use_ue8m0 = false;                    // used only with use_fp8; always needs round_scale
+  bool round_scale = false;  // used only with use_fp8
+  bool use_ue8m0 = false;    // used only with use_fp8; always needs round_scale
 };
 
 // The rows one local expert received, compact (no padding to M*R). Canonical order:
@@ -162,16 +160,15 @@ struct LowLatencyDispatchResult {
 };
 
 // A token whose row names expert e twice is received once by e.
-std::vector<LowLatencyDispatchResult> low_latency_dispatch(
-    std::span<const LowLatencyDispatchInput> ranks, const LowLatencyParams& params);
+std::vector<LowLatencyDispatchResult> low_latency_dispatch(std::span<const LowLatencyDispatchInput> ranks,
+                                                           const LowLatencyParams& params);
 
 // For one GPU expert: src_info [>= recv_count] and its layout_range row [R]. Returns perm
 // with perm[i] = the GPU row holding canonical row i (groups by source rank ascending,
 // tokens ascending inside). Throws if the ranges overlap or leave rows of
 // [0, recv_count) uncovered, or a group repeats a token.
 std::vector<int32_t> low_latency_canonical_order(std::span<const int32_t> src_info,
-                                                 std::span<const int64_t> layout_range,
-                                                 int recv_count);
+                                                 std::span<const int64_t> layout_range, int recv_count);
 
 struct LowLatencyCombineInput {
   std::vector<std::vector<uint16_t>> expert_x;  // [L][n_l, H] bf16, rows in this rank's
@@ -183,8 +180,8 @@ struct LowLatencyCombineInput {
 // combined_x per rank: [T, H] = sum_k w[t,k] * x[expert topk_idx[t,k]][row of t], in fp64,
 // k ascending. Only num_max_dispatch_tokens_per_rank, hidden, num_experts, num_topk of
 // params are used.
-std::vector<std::vector<double>> low_latency_combine(
-    std::span<const LowLatencyCombineInput> ranks,
-    std::span<const LowLatencyDispatchResult> dispatch, const LowLatencyParams& params);
+std::vector<std::vector<double>> low_latency_combine(std::span<const LowLatencyCombineInput> ranks,
+                                                     std::span<const LowLatencyDispatchResult> dispatch,
+                                                     const LowLatencyParams& params);
 
 }  // namespace turnout::reference

@@ -18,8 +18,8 @@ __device__ __forceinline__ bool claim_record(DeviceErrorSlot slot, DeviceErrorCo
 
 // `shared`: every NVL peer learns of the error in the same call (see
 // DeviceErrorRecord::shared).
-__device__ __forceinline__ void record_error(DeviceErrorSlot slot, DeviceErrorCode code, int rank, int peer,
-                                             int where, int64_t detail, int64_t value, bool shared = true) {
+__device__ __forceinline__ void record_error(DeviceErrorSlot slot, DeviceErrorCode code, int rank, int peer, int where,
+                                             int64_t detail, int64_t value, bool shared = true) {
   if (!claim_record(slot, code)) return;
   volatile DeviceErrorRecord* rec = slot.record;
   rec->rank = rank;

@@ -23,9 +23,8 @@ __device__ __forceinline__ bool nvl_barrier(void* const* control, int nvl_rank, 
     auto* peer = static_cast<ControlRegion*>(control[i]);
     __threadfence_system();
     atomic_add_release_sys(&peer->barrier_arrivals[nvl_rank], 1);
-    ok = bounded_wait(ctx, ctx.first_nvl_rank + i, WaitSite::kBarrier, [&] {
-      return static_cast<int32_t>(load_acquire_sys(&self->barrier_arrivals[i]) - epoch) >= 0;
-    });
+    ok = bounded_wait(ctx, ctx.first_nvl_rank + i, WaitSite::kBarrier,
+                      [&] { return static_cast<int32_t>(load_acquire_sys(&self->barrier_arrivals[i]) - epoch) >= 0; });
   }
   ok = __syncthreads_and(ok);
   if (i == 0) self->barrier_epoch = epoch;

@@ -21,9 +21,13 @@ __device__ __forceinline__ int4 load_input_16(const void* p) {
 
 // Written by another GPU during this kernel: from L2, never from a possibly
 // stale L1 line.
-__device__ __forceinline__ int4 load_shared_16(const void* p) { return __ldcg(static_cast<const int4*>(p)); }
+__device__ __forceinline__ int4 load_shared_16(const void* p) {
+  return __ldcg(static_cast<const int4*>(p));
+}
 
-__device__ __forceinline__ void store_16(void* p, const int4& v) { __stcg(static_cast<int4*>(p), v); }
+__device__ __forceinline__ void store_16(void* p, const int4& v) {
+  __stcg(static_cast<int4*>(p), v);
+}
 
 // Passes of kWords words per lane from word i on, while a whole pass fits
 // before `end`: all loads of a pass are in flight before its stores. Returns
@@ -66,6 +70,8 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-__device__ __forceinline__ int32_t load_volatile(const int32_t* p) { return *static_cast<const volatile int32_t*>(p); }
+__device__ __forceinline__ int32_t load_volatile(const int32_t* p) {
+  return *static_cast<const volatile int32_t*>(p);
+}
 
 }  // namespace turnout::device

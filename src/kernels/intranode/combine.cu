@@ -23,14 +23,18 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWorkers = kWarps - 1;
 
-__device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); }
+__device__ __forceinline__ char* bytes(void* p) {
+  return static_cast<char*>(p);
+}
 
 // First row in [lo, hi) whose source index is >= token (rows are sorted).
 __device__ int lower_bound_rows(const int32_t* src_idx, int lo, int hi, int token) {
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (src_idx[mid] < token) lo = mid + 1;
-    else hi = mid;
+    if (src_idx[mid] < token)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -62,8 +66,7 @@ __device__ void send_rows(const CombineParams& p, int channel) {
       const int64_t row = r0 + n;
       char* slot = out.slot(n);
       device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + row * s.row_bytes, n16, lane);
-      if (lane < a.num_topk)
-        reinterpret_cast<float*>(slot + s.weights)[lane] = a.topk_weights[row * a.num_topk + lane];
+      if (lane < a.num_topk) reinterpret_cast<float*>(slot + s.weights)[lane] = a.topk_weights[row * a.num_topk + lane];
     }
     out.commit(n, lane);
   }
@@ -187,8 +190,8 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
-  int32_t* head = lane < R ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me))
-                           : nullptr;
+  int32_t* head =
+      lane < R ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me)) : nullptr;
   int cursor = t0, done = 0, published = 0;
   for (;;) {
     int next = lane < kWorkers ? s_next[lane] : t1;
@@ -229,8 +232,10 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const int t0 = channel_begin(p.args.num_tokens, channel, p.region.num_channels);
   if (threadIdx.x < kWorkers) s_next[threadIdx.x] = t0 + threadIdx.x;
   __syncthreads();
-  if (warp < kWorkers) reduce_tokens<kRows>(p, channel, s_next);
-  else return_slots(p, channel, s_next);
+  if (warp < kWorkers)
+    reduce_tokens<kRows>(p, channel, s_next);
+  else
+    return_slots(p, channel, s_next);
 }
 
 }  // namespace
@@ -239,9 +244,12 @@ void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
   const int blocks = p.region.num_channels * 2, R = p.peers.num_ranks;
   // The ranks rounded up to 2, 4 or 8 rows: the last covers every group size.
   static_assert(kMaxNvlRanks == 8);
-  if (R <= 2) combine_kernel<2><<<blocks, kThreads, 0, stream>>>(p);
-  else if (R <= 4) combine_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
-  else combine_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
+  if (R <= 2)
+    combine_kernel<2><<<blocks, kThreads, 0, stream>>>(p);
+  else if (R <= 4)
+    combine_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    combine_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

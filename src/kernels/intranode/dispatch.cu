@@ -20,7 +20,9 @@ namespace {
 constexpr int kThreads = 768;
 constexpr int kWarps = kThreads / 32;
 
-__device__ __forceinline__ char* bytes(void* p) { return static_cast<char*>(p); }
+__device__ __forceinline__ char* bytes(void* p) {
+  return static_cast<char*>(p);
+}
 
 // A token's small parts as one lane holds them: top-k slot `lane` (the expert's
 // id on the receiving rank, or -1 and weight 0 for another rank's expert) and
@@ -35,8 +37,8 @@ __device__ __forceinline__ int32_t input_scale(const DispatchArgs& a, int t, int
   return static_cast<const int32_t*>(a.x_scales)[t * a.scale_stride_token + group * a.scale_stride_group];
 }
 
-__device__ __forceinline__ TokenParts load_token_parts(const DispatchArgs& a, int t, int first_expert,
-                                                       int num_experts, int lane) {
+__device__ __forceinline__ TokenParts load_token_parts(const DispatchArgs& a, int t, int first_expert, int num_experts,
+                                                       int lane) {
   TokenParts parts;
   if (lane < a.num_topk) {
     const int64_t k = static_cast<int64_t>(t) * a.num_topk + lane;

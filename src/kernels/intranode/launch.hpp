@@ -2,9 +2,9 @@
 // and sized the region; these only pack parameters and launch.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "kernels/intranode/region.hpp"
 #include "kernels/wait_context.hpp"

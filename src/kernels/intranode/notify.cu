@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     if (s_pending)
       device::mark_shared(p.ctx.errors);
     else if (s_handle_misfit)
-      device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.handle.num_rows, 0,
-                           s_handle_misfit, s_handle_rows);
+      device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.handle.num_rows, 0, s_handle_misfit,
+                           s_handle_rows);
     else if (s_bad)
       device::record_error(p.ctx.errors, DeviceErrorCode::kInvalidExpert, p.ctx.rank,
                            static_cast<int>(s_bad_index % p.counts.num_topk), 0, s_bad_index / p.counts.num_topk,
@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     const int worst = info[j * 4 + 1];
     if (worst > 0 && sum > worst) {
       *at(self, g.status) = 1;
-      device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank,
-                           p.ctx.first_nvl_rank + j, 0, worst, sum);
+      device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank, p.ctx.first_nvl_rank + j, 0,
+                           worst, sum);
     }
     if (info[j * 4 + 2] != 0) {
       *at(self, g.status) = 1;

@@ -3,9 +3,9 @@
 // write in its peers' buffers. Shared by the host launchers and the kernels.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
+
+#include <cstdint>
 
 #include "runtime/align.hpp"
 
@@ -42,8 +42,8 @@ struct IntranodeRegion {
   }
 };
 
-inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, int num_local_experts,
-                                             int ring_slots, int slot_bytes) {
+inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, int num_local_experts, int ring_slots,
+                                             int slot_bytes) {
   IntranodeRegion r;
   r.num_ranks = num_ranks;
   r.num_channels = num_channels;

@@ -12,20 +12,27 @@
 namespace turnout::kernels {
 
 struct RingSender {
-  char* ring;            // slots in the receiver's buffer
-  int32_t* tail;         // in the receiver's buffer
-  const int32_t* head;   // in ours, written by the receiver
+  char* ring;           // slots in the receiver's buffer
+  int32_t* tail;        // in the receiver's buffer
+  const int32_t* head;  // in ours, written by the receiver
   int slot_bytes, ring_slots, round, group_warps, warp_in_group, barrier_id, peer_rank;
   WaitSite site;
   int known_head = 0;
   bool ok = true;
 
-  __device__ RingSender(char* ring_, int32_t* tail_, const int32_t* head_, int slot_bytes_, int ring_slots_,
-                        int hint, int group_warps_, int warp_in_group_, int barrier_id_, int peer_rank_,
-                        WaitSite site_)
-      : ring(ring_), tail(tail_), head(head_), slot_bytes(slot_bytes_), ring_slots(ring_slots_),
-        round(round_size(hint, group_warps_, ring_slots_)), group_warps(group_warps_),
-        warp_in_group(warp_in_group_), barrier_id(barrier_id_), peer_rank(peer_rank_), site(site_) {}
+  __device__ RingSender(char* ring_, int32_t* tail_, const int32_t* head_, int slot_bytes_, int ring_slots_, int hint,
+                        int group_warps_, int warp_in_group_, int barrier_id_, int peer_rank_, WaitSite site_)
+      : ring(ring_),
+        tail(tail_),
+        head(head_),
+        slot_bytes(slot_bytes_),
+        ring_slots(ring_slots_),
+        round(round_size(hint, group_warps_, ring_slots_)),
+        group_warps(group_warps_),
+        warp_in_group(warp_in_group_),
+        barrier_id(barrier_id_),
+        peer_rank(peer_rank_),
+        site(site_) {}
 
   // Before position n: at a round's start, wait for room for the whole round.
   __device__ void reserve(int n, const WaitContext& ctx, int lane) {

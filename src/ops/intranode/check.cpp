@@ -14,12 +14,13 @@ namespace {
 
 using ops::require;
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
-kernels::IntranodeRegion dispatch_region(const BufferShape& shape, int num_experts, int recv_tokens,
-                                         int slot_bytes) {
-  return kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, num_experts / shape.num_ranks,
-                                        recv_tokens, slot_bytes);
+kernels::IntranodeRegion dispatch_region(const BufferShape& shape, int num_experts, int recv_tokens, int slot_bytes) {
+  return kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, num_experts / shape.num_ranks, recv_tokens,
+                                        slot_bytes);
 }
 
 void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t num_nvl_bytes) {
@@ -33,8 +34,7 @@ void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t n
 
 void check_num_experts(const char* op, int num_experts, int num_ranks) {
   require(num_experts > 0 && num_experts % num_ranks == 0, op, [&] {
-    return "num_experts must be a positive multiple of the group size " + str(num_ranks) + ", got " +
-           str(num_experts);
+    return "num_experts must be a positive multiple of the group size " + str(num_ranks) + ", got " + str(num_experts);
   });
 }
 
@@ -107,8 +107,7 @@ DispatchPlan check_dispatch(const DispatchArgs& a, const BufferShape& shape) {
   require(a.num_recv_rows == 0 || o.recv_x, op, "recv_x must be given");
   require(a.num_worst_tokens == 0 || a.num_recv_rows == 0 || o.recv_src_idx, op,
           "recv_src_idx must be given with num_worst_tokens (its padding rows are marked -1)");
-  require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op,
-          "recv_x_scales must be given with scales");
+  require(a.num_scales == 0 || a.num_recv_rows == 0 || o.recv_x_scales, op, "recv_x_scales must be given with scales");
   require(a.num_topk == 0 || a.num_recv_rows == 0 || (o.recv_topk_idx && o.recv_topk_weights), op,
           "recv_topk_idx and recv_topk_weights must be given with top-k");
   require(is_aligned(o.recv_x, 16), op, "recv_x must start at a 16-byte aligned address");
@@ -131,12 +130,12 @@ CombinePlan check_combine(const CombineArgs& a, const BufferShape& shape) {
   require(a.num_rows == 0 || (a.x && a.recv_src_idx), op, "x and the handle's recv_src_idx must be given");
   require(a.num_tokens == 0 || (a.combined_x && a.is_token_in_rank), op,
           "combined_x and the handle's is_token_in_rank must be given");
-  require(is_aligned(a.x, 16) && is_aligned(a.combined_x, 16) && is_aligned(a.bias0, 16) && is_aligned(a.bias1, 16),
-          op, "x, combined_x and the biases must start at a 16-byte aligned address");
+  require(is_aligned(a.x, 16) && is_aligned(a.combined_x, 16) && is_aligned(a.bias0, 16) && is_aligned(a.bias1, 16), op,
+          "x, combined_x and the biases must start at a 16-byte aligned address");
   CombinePlan plan;
   plan.slot = kernels::make_combine_slot(a.hidden, a.num_topk);
-  plan.region = kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, 0, a.num_max_recv_tokens,
-                                               plan.slot.bytes);
+  plan.region =
+      kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, 0, a.num_max_recv_tokens, plan.slot.bytes);
   check_fits(op, plan.region, shape.num_nvl_bytes);
   return plan;
 }

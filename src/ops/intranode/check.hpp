@@ -14,8 +14,8 @@ namespace turnout::intranode {
 
 // What the checks need to know of the buffer.
 struct BufferShape {
-  int num_ranks = 0;        // the group (one NVL domain)
-  int num_sms = 0;          // the SMs the call runs on (the config's, within the budget)
+  int num_ranks = 0;         // the group (one NVL domain)
+  int num_sms = 0;           // the SMs the call runs on (the config's, within the budget)
   size_t num_nvl_bytes = 0;  // the user part of the NVL buffer
 };
 

@@ -11,7 +11,10 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   const Topology& t = core.topology();
   // The data step belongs to the call of the counts step before it.
   kernels::launch_intranode_dispatch({{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks},
-                                      plan.region, plan.slot, a, a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
+                                      plan.region,
+                                      plan.slot,
+                                      a,
+                                      a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
                                       core.wait_context(OpKind::kDispatch)},
                                      stream);
   core.check_errors(op);

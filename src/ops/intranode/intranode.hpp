@@ -3,9 +3,9 @@
 // functions (check.hpp); this is the state of the mode and its ops.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "ops/buffer_core.hpp"
 #include "ops/intranode/check.hpp"

@@ -17,8 +17,8 @@ void check(const LayoutArgs& a, const Topology& topology) {
     return "num_topk must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(a.num_topk);
   });
   require(a.num_experts > 0 && a.num_experts % num_ranks == 0, op, [&] {
-    return "num_experts must be a positive multiple of the number of ranks (" + std::to_string(num_ranks) +
-           "), got " + std::to_string(a.num_experts);
+    return "num_experts must be a positive multiple of the number of ranks (" + std::to_string(num_ranks) + "), got " +
+           std::to_string(a.num_experts);
   });
   require(a.num_tokens == 0 || (a.topk_idx && a.is_token_in_rank), op,
           "topk_idx and is_token_in_rank must be non-null");

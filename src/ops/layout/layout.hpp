@@ -2,10 +2,10 @@
 // function, tested on the CPU), its workspaces and its launch.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 #include "ops/buffer_core.hpp"
 #include "runtime/cuda_resources.hpp"
@@ -21,7 +21,9 @@ inline constexpr int kMaxCounters = 12 * 1024;
 // Device memory the blocks of a call add their counts into, then a count of
 // finished blocks: zero before the call, and left zero by it (the last block
 // copies the totals out and clears them), so no memset precedes the kernel.
-inline constexpr size_t workspace_bytes(int num_counters) { return (num_counters + 1) * sizeof(int32_t); }
+inline constexpr size_t workspace_bytes(int num_counters) {
+  return (num_counters + 1) * sizeof(int32_t);
+}
 
 // Throws InvalidArgument naming the argument (NotSupported past kMaxCounters).
 // Expert ids are not read here: the kernel finds ids outside [-1, E).
