@@ -1,5 +1,5 @@
 """intranode: normal dispatch (BF16, FP8) and combine (BF16) on one host, as
-TARGETS.md measures them: 4096 tokens per rank, hidden 7168, top-8 of 256
+docs/PERFORMANCE.md describes them: 4096 tokens per rank, hidden 7168, top-8 of 256
 experts, uniform load; each call timed alone with CUDA events after an L2
 flush; median of 50 after 50 warm-ups. Bandwidth is the logical figure:
 bytes this rank receives (its own tokens included) over the call's time.

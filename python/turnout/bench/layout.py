@@ -40,7 +40,7 @@ FLUSH_BYTES = 256 << 20  # well past the 50 MB L2
 
 
 def routing(num_tokens: int) -> torch.Tensor:
-    """Uniform load, as TARGETS.md: the top-k of ``randn().abs() + 1`` scores."""
+    """Uniform load, as in docs/PERFORMANCE.md: the top-k of ``randn().abs() + 1`` scores."""
     scores = torch.randn(num_tokens, NUM_EXPERTS, device="cuda").abs() + 1
     return scores.topk(NUM_TOPK, dim=-1).indices
 
