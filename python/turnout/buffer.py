@@ -4,10 +4,11 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C, bootstrap
-from .checks import check_int, check_tensor, fail
+from .checks import TOPK_IDX_DTYPE, check_aligned, check_config, check_int, check_tensor, check_x, fail
 from .event import EventOverlap
 
-_TOPK_IDX_DTYPE = torch.int64
+# Kept under its old name: code outside the package imports it from here.
+_check_aligned = check_aligned
 
 
 # The caller's current stream as a raw handle. torch.cuda.current_stream()
@@ -19,12 +20,6 @@ def _current_raw_stream(device_index: int) -> int:
     if _RAW_STREAM is None:
         return torch.cuda.current_stream(device_index).cuda_stream
     return _RAW_STREAM(device_index)
-
-
-def _check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
-    """Rows move as 16-byte words: a view that starts mid-word cannot."""
-    if t.numel() and t.data_ptr() % 16:
-        fail(op, arg, "starting at a 16-byte aligned address", f"address {t.data_ptr():#x}")
 
 
 class DispatchHandle(tuple):
@@ -252,7 +247,7 @@ class Buffer:
         the ValueError names this call.
         """
         op = "get_dispatch_layout"
-        check_tensor(op, "topk_idx", topk_idx, dtype=_TOPK_IDX_DTYPE, ndim=2, device=self._device)
+        check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, ndim=2, device=self._device)
         check_int(op, "num_experts", num_experts, 1)
         if num_experts % self.group_size:
             fail(op, "num_experts", f"a multiple of the group size {self.group_size}", num_experts)
@@ -279,34 +274,7 @@ class Buffer:
         return num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, event
 
     def _config(self, op: str, config, default) -> "_C.Config":
-        if config is None:
-            return default(self.group_size)
-        if not isinstance(config, _C.Config):
-            fail(op, "config", "a turnout.Config or None", type(config).__name__, TypeError)
-        return config
-
-    def _check_x(self, op: str, x):
-        """Returns (data, scales or None) of x: bf16 [T, H], or (fp8 [T, H], scales [T, S])."""
-        if isinstance(x, tuple):
-            if len(x) != 2:
-                fail(op, "x", "a bf16 tensor or a tuple (x_fp8, scales)", f"a tuple of {len(x)}", TypeError)
-            data, scales = x
-            check_tensor(op, "x[0]", data, dtype=torch.float8_e4m3fn, ndim=2, device=self._device)
-            check_tensor(op, "x[1] (scales)", scales, ndim=2, device=self._device, contiguous=False)
-            if scales.dtype not in (torch.float32, torch.int32):
-                fail(op, "x[1] (scales)", "of dtype torch.float32 (or torch.int32 for packed UE8M0)", scales.dtype,
-                     TypeError)
-            if scales.shape[0] != data.shape[0]:
-                fail(op, "x[1] (scales)", f"of {data.shape[0]} rows like x[0]", f"shape {tuple(scales.shape)}")
-            if data.shape[1] % 16:
-                fail(op, "x[0]", "of a hidden size that is a multiple of 16", f"shape {tuple(data.shape)}")
-            _check_aligned(op, "x[0]", data)
-            return data, scales
-        check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=self._device)
-        if x.shape[1] % 8:
-            fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
-        _check_aligned(op, "x", x)
-        return x, None
+        return default(self.group_size) if config is None else check_config(op, config)
 
     def _check_handle(self, op: str, handle):
         """The handle's tensors, checked before any kernel reads them:
@@ -343,7 +311,7 @@ class Buffer:
         """
         op = "dispatch"
         config = self._config(op, config, Buffer.get_dispatch_config)
-        data, scales = self._check_x(op, x)
+        data, scales = check_x(op, x, self._device)
         num_tokens, hidden = data.shape
         R = self.group_size
         check_int(op, "expert_alignment", expert_alignment, 1)
@@ -373,7 +341,7 @@ class Buffer:
                 fail(op, "topk_weights" if topk_weights is None else "topk_idx", "given with the other top-k tensor",
                      None)
             if topk_idx is not None:
-                check_tensor(op, "topk_idx", topk_idx, dtype=_TOPK_IDX_DTYPE, ndim=2, device=self._device)
+                check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, ndim=2, device=self._device)
                 num_topk = topk_idx.shape[1]
                 if topk_idx.shape[0] != num_tokens:
                     fail(op, "topk_idx", f"of {num_tokens} rows like x", f"shape {tuple(topk_idx.shape)}")
@@ -410,7 +378,7 @@ class Buffer:
             recv_x = torch.empty(num_recv, hidden, dtype=data.dtype, device=dev)
             recv_scales = torch.empty(num_recv, num_scales, dtype=scales.dtype, device=dev) \
                 if scales is not None else None
-            recv_topk_idx = torch.empty(num_recv, num_topk, dtype=_TOPK_IDX_DTYPE, device=dev) if num_topk else None
+            recv_topk_idx = torch.empty(num_recv, num_topk, dtype=TOPK_IDX_DTYPE, device=dev) if num_topk else None
             recv_topk_weights = torch.empty(num_recv, num_topk, dtype=torch.float32, device=dev) \
                 if num_topk else None
             # One allocation: every source rank's token count, then recv_src_idx.
@@ -455,7 +423,7 @@ class Buffer:
         hidden = x.shape[1]
         if hidden % 8:
             fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
-        _check_aligned(op, "x", x)
+        check_aligned(op, "x", x)
         num_topk = 0
         if topk_weights is not None:
             check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=self._device)
@@ -469,7 +437,7 @@ class Buffer:
         for i, b in enumerate(biases):
             name = f"bias[{i}]" if isinstance(bias, tuple) else "bias"
             check_tensor(op, name, b, dtype=torch.bfloat16, shape=(num_tokens, hidden), device=self._device)
-            _check_aligned(op, name, b)
+            check_aligned(op, name, b)
         bias0 = biases[0].data_ptr() if biases else 0
         bias1 = biases[1].data_ptr() if len(biases) > 1 else 0
 
