@@ -84,8 +84,10 @@ class Buffer:
         self._comm_stream = torch.cuda.Stream(device=device, priority=-1)
         self._comm_raw = self._comm_stream.cuda_stream
         self._device_index = device
-        self._native = _C.Buffer(rank, size, all_gather, device, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
-                                 float(timeout_s or 0.0), nvl_domain_size, self._comm_stream.cuda_stream)
+        self._native = _C.Buffer(rank=rank, size=size, all_gather=all_gather, device=device,
+                                 num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
+                                 low_latency_mode=low_latency_mode, timeout_s=float(timeout_s or 0.0),
+                                 nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream)
         self.rank = rank
         self.group_size = size
         self.group = group
@@ -114,7 +116,7 @@ class Buffer:
         CUDA-graph replay: call it once the replay has finished (after a
         synchronize of its stream). The message names the call that failed."""
         self._require_alive("Buffer.check_errors")
-        self._native.check_errors("Buffer.check_errors")
+        self._native.check_errors(op="Buffer.check_errors")
 
     def _require_alive(self, op: str) -> None:
         if self._native is None or self._native.destroyed:
@@ -143,15 +145,16 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        return _C.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+        return _C.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank,
+                                                 hidden=hidden, num_ranks=num_ranks, num_experts=num_experts)
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> "_C.Config":
-        return _C.get_dispatch_config(num_ranks, Buffer.num_sms)
+        return _C.get_dispatch_config(num_ranks=num_ranks, num_sms=Buffer.num_sms)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> "_C.Config":
-        return _C.get_combine_config(num_ranks, Buffer.num_sms)
+        return _C.get_combine_config(num_ranks=num_ranks, num_sms=Buffer.num_sms)
 
     # -- instance helpers ---------------------------------------------------------------------------------------
 
@@ -214,7 +217,7 @@ class Buffer:
         compute_raw, compute, _, _ = state
         if allocate_on_comm_stream:
             torch.cuda.set_stream(compute)
-        self._native.join(compute_raw, self._comm_raw)
+        self._native.join(waiter=compute_raw, waited=self._comm_raw)
 
     def _exit_op(self, state, async_finish: bool, allocate_on_comm_stream: bool,
                  tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
@@ -262,11 +265,12 @@ class Buffer:
             num_tokens_per_rdma_rank = counts[num_ranks:num_ranks + num_rdma_ranks] if has_rdma else None
             num_tokens_per_expert = counts[counts.numel() - num_experts:]
             is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=self._device)
-            stream = self._comm_raw
             self._native.get_dispatch_layout(
-                topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
-                num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
-                is_token_in_rank.data_ptr(), stream, *streams[2:])
+                topk_idx=topk_idx.data_ptr(), num_tokens=num_tokens, num_topk=num_topk, num_experts=num_experts,
+                num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
+                num_tokens_per_rdma_rank=num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0,
+                num_tokens_per_expert=num_tokens_per_expert.data_ptr(), is_token_in_rank=is_token_in_rank.data_ptr(),
+                stream=self._comm_raw, wait_for=streams[2], join_to=streams[3])
         except BaseException:
             self._abort_op(streams, allocate_on_comm_stream)
             raise
@@ -365,14 +369,19 @@ class Buffer:
                 rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
                 # Without num_worst_tokens this waits on the host for the receive sizes.
                 num_recv, per_expert = native.dispatch_counts(
-                    in_rank_ptr, num_tokens, num_tokens_per_expert.data_ptr(), num_experts, topk_idx_ptr, num_topk,
-                    expert_alignment, num_worst_tokens, config, rank_prefix_matrix.data_ptr(), stream, wait_for)
+                    is_token_in_rank=in_rank_ptr, num_tokens=num_tokens,
+                    num_tokens_per_expert=num_tokens_per_expert.data_ptr(), num_experts=num_experts,
+                    topk_idx=topk_idx_ptr, num_topk=num_topk, expert_alignment=expert_alignment,
+                    num_worst_tokens=num_worst_tokens, config=config, rank_prefix_matrix=rank_prefix_matrix.data_ptr(),
+                    stream=stream, wait_for=wait_for)
                 if num_worst_tokens:
                     num_recv, per_expert = num_worst_tokens, []
             else:
                 # The counts are known: the notify step only refreshes the channel starts.
-                native.dispatch_counts(in_rank_ptr, num_tokens, 0, 0, 0, 0, 1, num_recv, config,
-                                       rank_prefix_matrix.data_ptr(), stream, wait_for)
+                native.dispatch_counts(
+                    is_token_in_rank=in_rank_ptr, num_tokens=num_tokens, num_tokens_per_expert=0, num_experts=0,
+                    topk_idx=0, num_topk=0, expert_alignment=1, num_worst_tokens=num_recv, config=config,
+                    rank_prefix_matrix=rank_prefix_matrix.data_ptr(), stream=stream, wait_for=wait_for)
                 per_expert = None
             # Sizes as separate ints: torch parses them ~1 us faster than a tuple.
             recv_x = torch.empty(num_recv, hidden, dtype=data.dtype, device=dev)
@@ -385,13 +394,17 @@ class Buffer:
             source_info = None if cached else torch.empty(R + num_recv, dtype=torch.int32, device=dev)
             info_ptr = source_info.data_ptr() if source_info is not None else 0
             native.dispatch(
-                data.data_ptr(), num_tokens, hidden * data.element_size(),
-                scales.data_ptr() if scales is not None else 0, num_scales, stride_token, stride_group,
-                topk_idx_ptr, topk_weights.data_ptr() if num_topk else 0, num_topk, num_experts, in_rank_ptr,
-                rank_prefix_matrix.data_ptr(), num_recv, 0 if cached else num_worst_tokens, config, recv_x.data_ptr(),
-                recv_scales.data_ptr() if recv_scales is not None else 0,
-                recv_topk_idx.data_ptr() if num_topk else 0, recv_topk_weights.data_ptr() if num_topk else 0,
-                info_ptr + 4 * R if info_ptr else 0, info_ptr, stream, join_to)
+                x=data.data_ptr(), num_tokens=num_tokens, row_bytes=hidden * data.element_size(),
+                x_scales=scales.data_ptr() if scales is not None else 0, num_scales=num_scales,
+                scale_stride_token=stride_token, scale_stride_group=stride_group, topk_idx=topk_idx_ptr,
+                topk_weights=topk_weights.data_ptr() if num_topk else 0, num_topk=num_topk, num_experts=num_experts,
+                is_token_in_rank=in_rank_ptr, rank_prefix_matrix=rank_prefix_matrix.data_ptr(),
+                num_recv_rows=num_recv, num_worst_tokens=0 if cached else num_worst_tokens, config=config,
+                recv_x=recv_x.data_ptr(), recv_x_scales=recv_scales.data_ptr() if recv_scales is not None else 0,
+                recv_topk_idx=recv_topk_idx.data_ptr() if num_topk else 0,
+                recv_topk_weights=recv_topk_weights.data_ptr() if num_topk else 0,
+                recv_src_idx=info_ptr + 4 * R if info_ptr else 0, source_num_tokens=info_ptr, stream=stream,
+                join_to=join_to)
         except BaseException:
             self._abort_op(streams, allocate_on_comm_stream)
             raise
@@ -447,10 +460,13 @@ class Buffer:
             combined_w = torch.empty(num_tokens, num_topk, dtype=torch.float32, device=self._device) \
                 if num_topk else None
             self._native.combine(
-                x.data_ptr(), num_rows, hidden, topk_weights.data_ptr() if num_topk else 0, num_topk, bias0, bias1,
-                rank_prefix_matrix.data_ptr(), source_tokens.data_ptr(), src_idx.data_ptr(),
-                is_token_in_rank.data_ptr(), num_tokens, config, combined_x.data_ptr(),
-                combined_w.data_ptr() if num_topk else 0, self._comm_raw, *streams[2:])
+                x=x.data_ptr(), num_rows=num_rows, hidden=hidden,
+                topk_weights=topk_weights.data_ptr() if num_topk else 0, num_topk=num_topk, bias0=bias0, bias1=bias1,
+                rank_prefix_matrix=rank_prefix_matrix.data_ptr(), source_num_tokens=source_tokens.data_ptr(),
+                recv_src_idx=src_idx.data_ptr(), is_token_in_rank=is_token_in_rank.data_ptr(), num_tokens=num_tokens,
+                config=config, combined_x=combined_x.data_ptr(),
+                combined_topk_weights=combined_w.data_ptr() if num_topk else 0, stream=self._comm_raw,
+                wait_for=streams[2], join_to=streams[3])
         except BaseException:
             self._abort_op(streams, allocate_on_comm_stream)
             raise
@@ -464,5 +480,5 @@ class Buffer:
     def _barrier(self) -> None:
         """All NVL peers meet (on the current stream), then the host waits for it."""
         stream = torch.cuda.current_stream().cuda_stream
-        self._native.barrier(stream)
-        self._native.synchronize(stream, "Buffer._barrier")
+        self._native.barrier(stream=stream)
+        self._native.synchronize(stream=stream, op="Buffer._barrier")
