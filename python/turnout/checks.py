@@ -1,8 +1,13 @@
 """Argument checks of the Python layer. Every message names the op, the
 argument, what was expected and what came."""
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
+
+from . import _C
+
+# The dtype of expert indices (``topk_idx``) every op takes.
+TOPK_IDX_DTYPE = torch.int64
 
 
 def fail(op: str, arg: str, expected: str, got: object, kind=ValueError):
@@ -40,3 +45,39 @@ def check_tensor(op: str, arg: str, t, dtype: Optional[torch.dtype] = None, ndim
     if contiguous and not t.is_contiguous():
         fail(op, arg, "contiguous", f"strides {t.stride()}")
     return t
+
+
+def check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
+    """Rows move as 16-byte words: a view that starts mid-word cannot."""
+    if t.numel() and t.data_ptr() % 16:
+        fail(op, arg, "starting at a 16-byte aligned address", f"address {t.data_ptr():#x}")
+
+
+def check_config(op: str, config) -> "_C.Config":
+    if not isinstance(config, _C.Config):
+        fail(op, "config", "a turnout.Config or None", type(config).__name__, TypeError)
+    return config
+
+
+def check_x(op: str, x, device: torch.device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Returns (data, scales or None) of a dispatch's x: bf16 [T, H], or (fp8 [T, H], scales [T, S])."""
+    if isinstance(x, tuple):
+        if len(x) != 2:
+            fail(op, "x", "a bf16 tensor or a tuple (x_fp8, scales)", f"a tuple of {len(x)}", TypeError)
+        data, scales = x
+        check_tensor(op, "x[0]", data, dtype=torch.float8_e4m3fn, ndim=2, device=device)
+        check_tensor(op, "x[1] (scales)", scales, ndim=2, device=device, contiguous=False)
+        if scales.dtype not in (torch.float32, torch.int32):
+            fail(op, "x[1] (scales)", "of dtype torch.float32 (or torch.int32 for packed UE8M0)", scales.dtype,
+                 TypeError)
+        if scales.shape[0] != data.shape[0]:
+            fail(op, "x[1] (scales)", f"of {data.shape[0]} rows like x[0]", f"shape {tuple(scales.shape)}")
+        if data.shape[1] % 16:
+            fail(op, "x[0]", "of a hidden size that is a multiple of 16", f"shape {tuple(data.shape)}")
+        check_aligned(op, "x[0]", data)
+        return data, scales
+    check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=device)
+    if x.shape[1] % 8:
+        fail(op, "x", "of a hidden size that is a multiple of 8", f"shape {tuple(x.shape)}")
+    check_aligned(op, "x", x)
+    return x, None

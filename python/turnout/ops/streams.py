@@ -1,0 +1,89 @@
+"""How an op runs on its Buffer's communication stream: DeepEP's
+previous_event, async_finish and allocate_on_comm_stream, and the way back
+when the op fails part way."""
+from typing import Optional, Tuple
+
+import torch
+
+from ..checks import fail
+from ..event import EventOverlap
+from .context import OpContext, require_alive
+
+# torch.cuda.current_stream() builds a Python object each call (microseconds);
+# the raw getter returns the same handle.
+_raw_stream_getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream_handle(device_index: int) -> int:
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+# Chosen once: a wrapper would cost a Python call per op.
+current_raw_stream = _raw_stream_getter if _raw_stream_getter is not None else _current_stream_handle
+
+
+class OpStreams:
+    """The streams of one op: a context manager around its allocations and
+    native calls, then ``finish`` for its EventOverlap.
+
+    The communication stream waits for the caller's stream before the op:
+    the op's first native call does it (``wait_for``; None when
+    previous_event was waited for instead). Without async_finish the caller's
+    stream waits for the op after it: the op's last native call does it
+    (``join_to``; None with async_finish, whose event does it). With
+    allocate_on_comm_stream torch allocates on the communication stream inside
+    the block. An error inside the block puts the streams back as they were."""
+
+    __slots__ = ("_context", "_compute_raw", "_compute", "_async_finish", "wait_for", "join_to")
+
+    def __init__(self, context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
+                 allocate_on_comm_stream: bool) -> None:
+        require_alive(context.native, op)
+        if previous_event is not None and not isinstance(previous_event, EventOverlap):
+            fail(op, "previous_event", "an EventOverlap or None", type(previous_event).__name__, TypeError)
+        if allocate_on_comm_stream and not (previous_event is not None and async_finish):
+            fail(op, "allocate_on_comm_stream", "used with previous_event and async_finish=True",
+                 f"previous_event={previous_event}, async_finish={async_finish}")
+        compute_raw = current_raw_stream(context.device_index)
+        self.wait_for = compute_raw
+        if previous_event is not None and previous_event.event is not None:
+            context.comm_stream.wait_event(previous_event.event)
+            self.wait_for = None
+        # The caller's stream object: only allocate_on_comm_stream needs it back.
+        self._compute = None
+        if allocate_on_comm_stream:
+            self._compute = torch.cuda.current_stream()
+            torch.cuda.set_stream(context.comm_stream)
+        self._context = context
+        self._compute_raw = compute_raw
+        self._async_finish = async_finish
+        self.join_to = None if async_finish else compute_raw
+
+    def __enter__(self) -> "OpStreams":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            return
+        if self._compute is not None:
+            torch.cuda.set_stream(self._compute)
+        # The caller's stream may not have been joined back by the op's last call.
+        self._context.native.join(waiter=self._compute_raw, waited=self._context.comm_raw)
+
+    def finish(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
+        """The op's EventOverlap, after its launches; ``tensors``: its inputs and outputs."""
+        compute = self._compute
+        if compute is not None:
+            torch.cuda.set_stream(compute)
+        if not self._async_finish:
+            return EventOverlap()
+        comm_stream = self._context.comm_stream
+        event = torch.cuda.Event()
+        event.record(comm_stream)
+        # Inputs and outputs live on both streams until the op is done.
+        for t in tensors:
+            if t is not None:
+                t.record_stream(comm_stream)
+                if compute is not None:
+                    t.record_stream(compute)
+        return EventOverlap(event, tensors)
