@@ -9,10 +9,14 @@ namespace turnout::bindings {
 using namespace nb::literals;
 
 void bind_config(nb::module_& m) {
+  // The one place of the default: Buffer.num_sms starts from it.
+  m.attr("default_num_sms") = turnout::kDefaultNumSms;
   nb::class_<Config>(m, "Config")
-      .def(nb::init<int, int, int, int, int>(), "num_sms"_a = 20, "num_max_nvl_chunked_send_tokens"_a = 6,
-           "num_max_nvl_chunked_recv_tokens"_a = 256, "num_max_rdma_chunked_send_tokens"_a = 6,
-           "num_max_rdma_chunked_recv_tokens"_a = 256)
+      .def(nb::init<int, int, int, int, int>(), "num_sms"_a = turnout::kDefaultNumSms,
+           "num_max_nvl_chunked_send_tokens"_a = turnout::kDefaultSendTokens,
+           "num_max_nvl_chunked_recv_tokens"_a = turnout::kDefaultRecvTokens,
+           "num_max_rdma_chunked_send_tokens"_a = turnout::kDefaultSendTokens,
+           "num_max_rdma_chunked_recv_tokens"_a = turnout::kDefaultRecvTokens)
       .def_ro("num_sms", &Config::num_sms)
       .def_ro("num_max_nvl_chunked_send_tokens", &Config::num_max_nvl_chunked_send_tokens)
       .def_ro("num_max_nvl_chunked_recv_tokens", &Config::num_max_nvl_chunked_recv_tokens)

@@ -25,7 +25,7 @@ class Buffer:
     """
 
     #: SMs the normal kernels use by default (``set_num_sms`` changes it).
-    num_sms: int = 20
+    num_sms: int = _C.default_num_sms
 
     def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
