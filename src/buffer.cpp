@@ -33,18 +33,17 @@ Buffer::~Buffer() {
 }
 
 void Buffer::destroy() {
-  BufferCore& core = state_->core;
-  if (core.destroyed()) return;
-  // The core meets the peers first: until then they may still use this memory.
-  try {
-    core.destroy();
-  } catch (...) {
-    state_->layout.release();
-    state_->intranode.release();
-    throw;
-  }
-  state_->layout.release();
-  state_->intranode.release();
+  if (state_->core.destroyed()) return;
+  // The modes' memory goes once the core has met the peers (until then they
+  // may still use it), also when that meeting failed.
+  struct ReleaseModes {
+    State& state;
+    ~ReleaseModes() {
+      state.layout.release();
+      state.intranode.release();
+    }
+  } release{*state_};
+  state_->core.destroy();
 }
 
 bool Buffer::destroyed() const {

@@ -6,13 +6,10 @@ from typing import Optional
 import torch
 
 from . import _C, bootstrap
-from .checks import check_aligned, check_config, check_int, fail
+from .checks import check_config, check_int, fail
 from .event import EventOverlap
 from .ops import intranode, layout
 from .ops.context import OpContext, require_alive
-
-# Kept under its old name: code outside the package imports it from here.
-_check_aligned = check_aligned
 
 
 class Buffer:

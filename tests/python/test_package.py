@@ -152,12 +152,12 @@ class TestChecks:
 
 
 def test_rows_must_start_16_byte_aligned():
-    from turnout.buffer import _check_aligned
+    from turnout.checks import check_aligned
 
     flat = torch.zeros(64 + 8, dtype=torch.bfloat16)
-    _check_aligned("dispatch", "x", flat[8:].view(8, 8))  # 16 bytes in: aligned when flat is
+    check_aligned("dispatch", "x", flat[8:].view(8, 8))  # 16 bytes in: aligned when flat is
     with pytest.raises(ValueError, match=r"dispatch: x must be starting at a 16-byte aligned address"):
-        _check_aligned("dispatch", "x", flat[1:65].view(8, 8))
+        check_aligned("dispatch", "x", flat[1:65].view(8, 8))
 
 
 def test_buffer_can_live_in_a_weak_value_dictionary():
