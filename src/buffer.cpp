@@ -9,6 +9,7 @@
 #include "ops/buffer_core.hpp"
 #include "ops/intranode/intranode.hpp"
 #include "ops/layout/layout.hpp"
+#include "ops/low_latency/low_latency.hpp"
 #include "ops/peer_copy.hpp"
 
 namespace turnout {
@@ -94,6 +95,22 @@ void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
 
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
   intranode::combine(state_->core, args, stream);
+}
+
+void Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args, LowLatencyPhase phase, cudaStream_t stream) {
+  low_latency::dispatch(state_->core, args, phase, stream);
+}
+
+void Buffer::low_latency_combine(const LowLatencyCombineArgs& args, LowLatencyPhase phase, cudaStream_t stream) {
+  low_latency::combine(state_->core, args, phase, stream);
+}
+
+void Buffer::clean_low_latency_buffer(cudaStream_t stream) {
+  low_latency::clean(state_->core, stream);
+}
+
+size_t Buffer::num_low_latency_bytes() const {
+  return state_->core.low_latency_bytes();
 }
 
 void Buffer::barrier(cudaStream_t stream) {

@@ -5,6 +5,7 @@
 #include "kernels/intranode/region.hpp"
 #include "runtime/align.hpp"
 #include "turnout/error.hpp"
+#include "turnout/low_latency.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {
@@ -90,22 +91,18 @@ Config get_combine_config(int num_ranks, int num_sms) {
 
 size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks, int num_experts) {
   const std::string fn = "get_low_latency_rdma_size_hint: ";
-  require(max_tokens >= 1, fn + "num_max_dispatch_tokens_per_rank must be >= 1, got " + std::to_string(max_tokens));
-  require(hidden >= 128 && hidden % 128 == 0,
-          fn + "hidden must be a positive multiple of 128, got " + std::to_string(hidden));
+  require(max_tokens >= 1 && max_tokens <= kLowLatencyMaxTokens,
+          fn + "num_max_dispatch_tokens_per_rank must be in [1, " + std::to_string(kLowLatencyMaxTokens) + "], got " +
+              std::to_string(max_tokens));
+  require(hidden >= 8 && hidden <= kLowLatencyMaxHidden && hidden % 8 == 0,
+          fn + "hidden must be a multiple of 8 in [8, " + std::to_string(kLowLatencyMaxHidden) + "], got " +
+              std::to_string(hidden));
   require_ranks(num_ranks, "get_low_latency_rdma_size_hint");
-  require(num_experts > 0 && num_experts % num_ranks == 0,
-          fn + "num_experts must be a positive multiple of num_ranks, got " + std::to_string(num_experts));
-  // A token crosses to each destination rank once, with its weights: header,
-  // row (bf16 at most), FP8 scales, top-k.
-  const size_t message = 16 + align_up(size_t(hidden) * 2, 16) + align_up(size_t(hidden) / 128 * sizeof(float), 16) +
-                         kMaxTopk * (sizeof(int32_t) + sizeof(float));
-  const size_t combine_row = size_t(hidden) * 2;
-  const size_t slots = size_t(num_ranks) * max_tokens;
-  // Two parities (double buffering), each: dispatch receive slots and send
-  // staging, combine receive slots and send staging, and per-rank signals.
-  const size_t per_parity = slots * message + size_t(max_tokens) * message + 2 * slots * combine_row + num_ranks * 64;
-  return align_up(2 * per_parity + 4096, 128);
+  require(num_experts > 0 && num_experts % num_ranks == 0 && num_experts <= kLowLatencyMaxExperts,
+          fn + "num_experts must be a positive multiple of num_ranks, at most " +
+              std::to_string(kLowLatencyMaxExperts) + ", got " + std::to_string(num_experts));
+  // Enough for every top-k the calls may use.
+  return low_latency_required_bytes(max_tokens, hidden, num_ranks, kLowLatencyMaxTopk);
 }
 
 }  // namespace turnout

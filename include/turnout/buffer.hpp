@@ -12,6 +12,7 @@
 #include "turnout/bootstrap.hpp"
 #include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
+#include "turnout/low_latency.hpp"
 #include "turnout/topology.hpp"
 
 namespace turnout {
@@ -92,6 +93,17 @@ class Buffer {
   double last_host_wait_s() const;
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
+
+  // Low-latency mode (turnout/low_latency.hpp), on a buffer built with
+  // low_latency_mode: no host sync, no allocation, CUDA-graph safe. A bad
+  // expert id is found on the device and raised by a later call (see above);
+  // every other bad argument raises here, before anything is launched.
+  void low_latency_dispatch(const LowLatencyDispatchArgs& args, LowLatencyPhase phase, cudaStream_t stream);
+  void low_latency_combine(const LowLatencyCombineArgs& args, LowLatencyPhase phase, cudaStream_t stream);
+  // Collective: resets the low-latency region (after a failed call, say).
+  void clean_low_latency_buffer(cudaStream_t stream);
+  // Bytes of the low-latency part of each rank's buffer (0 without low_latency_mode).
+  size_t num_low_latency_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
   // timeout); a peer that never comes leaves a timeout record.

@@ -7,4 +7,5 @@
 #include "turnout/error.hpp"
 #include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
+#include "turnout/low_latency.hpp"
 #include "turnout/topology.hpp"

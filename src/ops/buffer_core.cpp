@@ -44,12 +44,6 @@ double default_timeout_s() {
 
 BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     : options_(options), timeout_s_(options.timeout_s > 0 ? options.timeout_s : default_timeout_s()) {
-  if (options.low_latency_mode)
-    throw NotSupported("Buffer: low_latency_mode is not available in this version of turnout");
-  if (options.num_rdma_bytes > 0)
-    throw NotSupported(
-        "Buffer: num_rdma_bytes > 0 (internode / low-latency buffer) is not available in this version "
-        "of turnout; pass num_rdma_bytes=0");
   if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
 
@@ -63,9 +57,21 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
       throw InvalidArgument("Buffer: num_nvl_bytes differs between ranks: rank " + std::to_string(r) + " passed " +
                             std::to_string(all[r].num_nvl_bytes) + ", rank " + std::to_string(bootstrap.rank()) +
                             " passed " + std::to_string(mine.num_nvl_bytes));
+    if (all[r].num_rdma_bytes != mine.num_rdma_bytes)
+      throw InvalidArgument("Buffer: num_rdma_bytes differs between ranks: rank " + std::to_string(r) + " passed " +
+                            std::to_string(all[r].num_rdma_bytes) + ", rank " + std::to_string(bootstrap.rank()) +
+                            " passed " + std::to_string(mine.num_rdma_bytes));
     host_ids.push_back(all[r].host_id);
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, options.nvl_domain_size);
+  if (options.low_latency_mode && topology_.num_nvl_ranks != topology_.num_ranks)
+    throw NotSupported(
+        "Buffer: low_latency_mode needs every rank in one NVL domain (one host) in this version of "
+        "turnout; this group has " +
+        std::to_string(topology_.num_ranks / topology_.num_nvl_ranks) + " domains");
+  if (options.low_latency_mode && options.num_rdma_bytes == 0)
+    throw InvalidArgument(
+        "Buffer: low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint), got 0");
   std::vector<RankGpu> domain;
   for (int nvl = 0; nvl < topology_.num_nvl_ranks; ++nvl) domain.push_back(all[topology_.nvl_peer_rank(nvl)].gpu);
   sm_budget_ = turnout::sm_budget(domain);
@@ -79,12 +85,25 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   }
   sync_event_ = create_event();
   join_event_ = create_event();
-  const size_t user_bytes = align_up(static_cast<int64_t>(options.num_nvl_bytes), 16);
-  nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes);
+  // One allocation per rank: control, the normal modes' bytes, then the
+  // low-latency bytes (only in low-latency mode: on one host nothing else
+  // uses num_rdma_bytes).
+  const size_t user_bytes = align_up(static_cast<int64_t>(options.num_nvl_bytes), 4096);
+  low_latency_bytes_ =
+      options.low_latency_mode ? static_cast<size_t>(align_up(static_cast<int64_t>(options.num_rdma_bytes), 4096)) : 0;
+  nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes + low_latency_bytes_);
   void* user[kMaxNvlRanks] = {};
-  for (int i = 0; i < topology_.num_nvl_ranks; ++i) user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
+  void* low_latency[kMaxNvlRanks] = {};
+  for (int i = 0; i < topology_.num_nvl_ranks; ++i) {
+    user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
+    if (low_latency_bytes_) low_latency[i] = static_cast<char*>(user[i]) + user_bytes;
+  }
   peer_user_table_ = allocate_device(sizeof(user));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
+  peer_low_latency_table_ = allocate_device(sizeof(low_latency));
+  TURNOUT_CUDA_CHECK(
+      cudaMemcpy(peer_low_latency_table_.get(), low_latency, sizeof(low_latency), cudaMemcpyHostToDevice));
+  local_low_latency_ = low_latency[topology_.nvl_rank()];
 }
 
 void BufferCore::destroy() {
@@ -102,6 +121,8 @@ void BufferCore::destroy() {
     }
   }
   peer_user_table_.reset();
+  peer_low_latency_table_.reset();
+  local_low_latency_ = nullptr;
   nvl_.reset();
   sync_event_.reset();
   join_event_.reset();
@@ -122,6 +143,11 @@ void* BufferCore::local_nvl_buffer() const {
 void* const* BufferCore::peer_nvl_table() const {
   require_alive("peer_nvl_table");
   return static_cast<void* const*>(peer_user_table_.get());
+}
+
+void* const* BufferCore::peer_low_latency_table() const {
+  require_alive("peer_low_latency_table");
+  return static_cast<void* const*>(peer_low_latency_table_.get());
 }
 
 kernels::WaitContext BufferCore::wait_context(OpKind op) const {

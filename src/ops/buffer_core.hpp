@@ -37,6 +37,11 @@ class BufferCore {
   const PeerMemory& nvl() const { return *nvl_; }
   void* local_nvl_buffer() const;
   void* const* peer_nvl_table() const;
+  // Low-latency mode's part of every peer's allocation (num_rdma_bytes,
+  // rounded up; 0 and null without low_latency_mode).
+  size_t low_latency_bytes() const { return low_latency_bytes_; }
+  void* local_low_latency() const { return local_low_latency_; }
+  void* const* peer_low_latency_table() const;
   bool timed_out() const { return errors_.timed_out(); }
 
   // Each op starts a call (numbered, so that an error names it); a dispatch
@@ -69,6 +74,9 @@ class BufferCore {
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
+  DeviceMemory peer_low_latency_table_;
+  size_t low_latency_bytes_ = 0;
+  void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;
   int64_t last_dispatch_call_ = 0;
   int sm_budget_ = 2;

@@ -21,6 +21,10 @@ const char* wait_site_name(WaitSite site) {
       return "combine: token data";
     case WaitSite::kDispatchOutputs:
       return "dispatch: output tensors from the host";
+    case WaitSite::kLowLatencyDispatch:
+      return "low_latency_dispatch: a source rank's tokens";
+    case WaitSite::kLowLatencyCombine:
+      return "low_latency_combine: an expert rank's rows";
   }
   return "unknown wait";
 }
@@ -35,6 +39,10 @@ const char* op_name(OpKind op) {
       return "combine";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kLowLatencyDispatch:
+      return "low_latency_dispatch";
+    case OpKind::kLowLatencyCombine:
+      return "low_latency_combine";
     case OpKind::kNone:
       break;
   }
@@ -60,7 +68,7 @@ InvalidArgument input_error(const char* op, const DeviceErrorRecord& rec) {
     case DeviceErrorCode::kPeerInputError: {
       const auto found_by = static_cast<OpKind>(rec.where);
       return InvalidArgument(prefix + "rank " + std::to_string(rec.peer) + " passed invalid input: " +
-                             (found_by == OpKind::kCombine
+                             (found_by == OpKind::kCombine || found_by == OpKind::kLowLatencyCombine
                                   ? std::string("a handle that does not fit its combine's inputs; nothing was combined")
                                   : std::string("an expert id outside [-1, num_experts) in the topk_idx of its ") +
                                         op_name(found_by) + " call; nothing was dispatched"));

@@ -30,6 +30,8 @@ enum class OpKind : int32_t {
   kDispatch = 2,
   kCombine = 3,
   kBarrier = 4,
+  kLowLatencyDispatch = 5,
+  kLowLatencyCombine = 6,
 };
 
 const char* op_name(OpKind op);
@@ -45,7 +47,9 @@ enum class WaitSite : int32_t {
   kDispatchCounts = 2,
   kDispatchData = 3,
   kCombineData = 4,
-  kDispatchOutputs = 5,  // the host's output pointers (peer: this rank)
+  kDispatchOutputs = 5,     // the host's output pointers (peer: this rank)
+  kLowLatencyDispatch = 6,  // a source rank's tokens
+  kLowLatencyCombine = 7,   // an expert rank's rows
 };
 
 const char* wait_site_name(WaitSite site);

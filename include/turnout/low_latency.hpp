@@ -1,0 +1,91 @@
+// Low-latency mode: dispatch and combine of a few tokens (decoding), one send
+// and one receive kernel each, no host sync, CUDA-graph safe. On raw device
+// pointers; the Python Buffer is a thin layer over these structs.
+//
+// A token crosses to each rank that holds one of its experts once; the
+// receiving rank places it in the rows of each of its experts. Combine sends
+// one row per (token, expert) back by default; with weights given to
+// dispatch, an expert rank sums its experts' weighted rows for a token and
+// sends one vector instead.
+//
+// Every rank calls with the same M (num_max_tokens), hidden, num_experts and
+// num_topk. Sends never wait; receives wait (bounded by the timeout) for the
+// sends of every rank. The low-latency part of a buffer keeps two of each
+// op's receive areas, used in turn: a receive must run before the same op's
+// send two calls later on any rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace turnout {
+
+inline constexpr int kLowLatencyMaxTopk = 16;
+inline constexpr int kLowLatencyMaxTokens = 1024;
+inline constexpr int kLowLatencyMaxExperts = 1024;
+inline constexpr int kLowLatencyMaxHidden = 16384;
+// FP8 scales cover this many channels of a row.
+inline constexpr int kLowLatencyScaleGroup = 128;
+
+// Bytes of low-latency buffer (BufferOptions::num_rdma_bytes) that calls of
+// this shape need; get_low_latency_rdma_size_hint is this at top-k 16.
+size_t low_latency_required_bytes(int num_max_tokens, int hidden, int num_ranks, int num_topk);
+// Bytes of the plan a dispatch writes and its combine reads (caller-owned,
+// 16-byte aligned, no zeroing needed).
+size_t low_latency_plan_bytes(int num_max_tokens, int num_ranks, int num_experts);
+
+// Which part of an op to launch: both (one after the other on the stream),
+// or the send now and the receive later (a receive hook).
+enum class LowLatencyPhase { kSendAndReceive, kSend, kReceive };
+
+// Outputs are [L, M*R, ...] per local expert (L = num_experts / R), rows past
+// recv_count[l] unwritten. A receive launched by itself gets the same args as
+// its send.
+struct LowLatencyDispatchArgs {
+  const void* x = nullptr;            // [T, hidden] bf16, rows 16-byte aligned
+  int num_tokens = 0;                 // T <= num_max_tokens
+  int hidden = 0;                     // multiple of 8; of 128 with use_fp8
+  const int64_t* topk_idx = nullptr;  // [T, K] global expert ids, -1 = none
+  int num_topk = 0;                   // K in 1..kLowLatencyMaxTopk
+  // Optional [T, K]: the expert ranks pre-reduce combine with these.
+  const float* topk_weights = nullptr;
+  int num_max_tokens = 0;  // M
+  int num_experts = 0;     // E, a multiple of R
+  bool use_fp8 = false;
+  bool round_scale = false;  // FP8 scales rounded up to powers of two
+  bool use_ue8m0 = false;    // needs round_scale: packed exponent bytes instead of float scales
+
+  void* recv_x = nullptr;  // [L, M*R, hidden] bf16, or e4m3 bytes with use_fp8
+  // [L, M*R, hidden / 128] float, column-major in the last two dims: element
+  // (l, row, g) at l * M*R * G + g * M*R + row. With use_fp8 and not use_ue8m0.
+  float* recv_scales = nullptr;
+  // [L, M*R, ceil(G / 4)] int32, column-major like recv_scales: byte i of
+  // (l, row, j) is the biased exponent of group 4j + i (0 past G). With use_ue8m0.
+  int32_t* recv_packed_scales = nullptr;
+  int32_t* recv_count = nullptr;                          // [L]
+  int32_t* src_info = nullptr;                            // [L, M*R] source token of each row
+  int64_t* layout_range = nullptr;                        // [L, R] (begin << 32) | count of each source rank's rows
+  void* plan = nullptr;                                   // low_latency_plan_bytes, for combine
+  int32_t* cumulative_local_expert_recv_stats = nullptr;  // optional [L], += recv_count
+  int64_t* wait_recv_cost_stats = nullptr;                // optional [R], += ns waited per source rank
+};
+
+struct LowLatencyCombineArgs {
+  const void* x = nullptr;              // [L, M*R, hidden] bf16, rows as dispatch placed them
+  const int64_t* topk_idx = nullptr;    // [T, K] this rank's dispatch's
+  const float* topk_weights = nullptr;  // [T, K]; unread when the dispatch had weights
+  int num_tokens = 0;
+  int num_topk = 0;
+  int hidden = 0;
+  int num_max_tokens = 0;
+  int num_experts = 0;
+  const void* plan = nullptr;  // the dispatch's
+  // Rows cross as e4m3 with one float scale per 128 channels (hidden a
+  // multiple of 128): about half the bytes; per value |error| <= |v| / 16 +
+  // amax / 2^18, amax the largest |v| of its 128 channels.
+  bool use_logfmt = false;
+  void* out = nullptr;                      // [T, hidden] bf16
+  int64_t* wait_recv_cost_stats = nullptr;  // optional [R]
+};
+
+}  // namespace turnout
