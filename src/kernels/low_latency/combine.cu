@@ -330,6 +330,136 @@ __global__ void __launch_bounds__(kThreads, 1) low_latency_combine_send_kernel(c
   });
 }
 
+// Out row t, chunk c = sum over the token's rows, in a fixed order, of
+// weight * row in fp32 (fused multiply-adds), rounded to bf16 once. Default:
+// rows k = 0..K-1 of named experts, row of k the slot t * K + (first k' naming
+// the same expert), weight topk_weights[t, k]. Pre-reduced: the rows t * R + d
+// of the ranks d holding one of the token's experts, d ascending, weight 1
+// (exact: fmaf(1, v, acc) is v + acc). A logfmt row value is float(q) * scale.
+template <bool kLogfmt>
+__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity, bool reduced) {
+  using W = Wire<kLogfmt>;
+  const LowLatencyCombineArgs& a = p.args;
+  const int R = p.group.num_ranks, K = a.num_topk, H = a.hidden, E = a.num_experts;
+  const int L = p.plan.num_local_experts;
+  const int lane = threadIdx.x % 32;
+  const int num_steps = H / W::kChannels;
+  const int64_t scales = combine_logfmt_scales_offset(H);
+  const int C = num_chunks(H);
+  const int num_items = a.num_tokens * C;
+  for (int i = global_warp(); i < num_items; i += num_global_warps()) {
+    const int t = i / C, first_step = i % C * (kChunk / W::kChannels);
+    // Lane k looks at top-k slot k; ids outside [0, E) name no row (dispatch
+    // rejects them, so they only come from a topk_idx it never saw).
+    const int64_t expert = lane < K ? __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane) : -1;
+    const bool named = expert >= 0 && expert < E;
+    uint32_t rows;
+    int64_t slot;
+    float weight;
+    if (reduced) {
+      rows = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u);
+      slot = static_cast<int64_t>(t) * R + lane;
+      weight = 1.0f;
+    } else {
+      // Lanes not naming an expert match nobody.
+      const uint32_t same = __match_any_sync(~0u, named ? static_cast<long long>(expert) : -1LL - lane);
+      rows = __ballot_sync(~0u, named);
+      slot = static_cast<int64_t>(t) * K + (__ffs(same) - 1);
+      weight = lane < K ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + lane) : 0.0f;
+    }
+    float acc[W::kSteps][W::kChannels] = {};
+    for (uint32_t rest = rows; rest != 0;) {
+      bool has[kBatch];
+      float w[kBatch];
+      int4 in[kBatch][W::kSteps];
+      float scale[kBatch][W::kSteps];
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        int j = 0;
+        has[r] = next_entry(rest, j);
+        const char* row = self + p.region.combine_slot(parity, __shfl_sync(~0u, slot, j));
+        w[r] = __shfl_sync(~0u, weight, j);
+#pragma unroll
+        for (int u = 0; u < W::kSteps; ++u) {
+          const int step = first_step + lane + 32 * u;
+          const bool load = has[r] && step < num_steps;
+          in[r][u] = load ? device::load_shared_16(row + static_cast<int64_t>(step) * 16) : int4{};
+          if constexpr (kLogfmt)
+            scale[r][u] = load ? __ldcg(reinterpret_cast<const float*>(row + scales) + step / 8) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        if (!has[r]) break;
+#pragma unroll
+        for (int u = 0; u < W::kSteps; ++u) {
+          float v[W::kChannels];
+          if constexpr (kLogfmt) {
+            e4m3x16_to_float(in[r][u], v);
+#pragma unroll
+            for (int c = 0; c < W::kChannels; ++c) v[c] *= scale[r][u];
+          } else {
+            bf16x8_to_float(in[r][u], v);
+          }
+#pragma unroll
+          for (int c = 0; c < W::kChannels; ++c) acc[u][c] = fmaf(w[r], v[c], acc[u][c]);
+        }
+      }
+    }
+    char* out = static_cast<char*>(a.out) + static_cast<int64_t>(t) * H * 2;
+#pragma unroll
+    for (int u = 0; u < W::kSteps; ++u) {
+      const int step = first_step + lane + 32 * u;
+      if (step >= num_steps) continue;
+#pragma unroll
+      for (int w = 0; w < W::kBf16Words; ++w)
+        device::store_16(out + (static_cast<int64_t>(step) * W::kBf16Words + w) * 16, float_to_bf16x8(acc[u] + 8 * w));
+    }
+  }
+}
+
+template <bool kLogfmt>
+__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_recv_kernel(const CombineParams p) {
+  const LowLatencyCombineArgs& a = p.args;
+  const Group& g = p.group;
+  const NvlinkTransport transport{g.regions, g.rank};
+  auto* fixed = reinterpret_cast<FixedArea*>(transport.local());
+  const uint32_t seq = call_number(&fixed->local.combine_recv);
+  const int parity = static_cast<int>(seq & 1);
+  const CombineSignal* signals = fixed->combine[parity];
+  // Every block reads every expert rank's rows, so every block waits for all.
+  bool arrived = true;
+  if (static_cast<int>(threadIdx.x) < g.num_ranks) {
+    const int d = static_cast<int>(threadIdx.x);
+    const uint64_t start = device::global_timer_ns();
+    arrived = device::bounded_wait(g.wait, g.wait.first_nvl_rank + d, WaitSite::kLowLatencyCombine,
+                                   [&] { return device::load_acquire_sys(&signals[d].flag) == seq; });
+    if (blockIdx.x == 0 && a.wait_recv_cost_stats != nullptr)
+      a.wait_recv_cost_stats[d] += static_cast<int64_t>(device::global_timer_ns() - start);
+  }
+  const bool all_arrived = __syncthreads_and(arrived) != 0;
+  // Each lane d < R reads the error word of the flag it acquired.
+  __shared__ uint32_t s_failed_ranks;
+  if (threadIdx.x < 32) {
+    const int d = static_cast<int>(threadIdx.x);
+    const uint32_t failed =
+        __ballot_sync(~0u, all_arrived && d < g.num_ranks && device::load_volatile(&signals[d].error) != 0);
+    if (d == 0) s_failed_ranks = failed;
+  }
+  __syncthreads();
+  const uint32_t failed_ranks = s_failed_ranks;
+  const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
+  // A misfit plan is this rank's own error: its send recorded it.
+  const int misfit = plan_misfit(header, a, g.num_ranks);
+  if (all_arrived && failed_ranks == 0 && misfit == 0)
+    reduce_tokens<kLogfmt>(p, transport.local(), parity, header.has_weights != 0);
+  else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
+    device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
+                         g.wait.first_nvl_rank + __ffs(failed_ranks) - 1, static_cast<int>(OpKind::kLowLatencyCombine),
+                         0, 0);
+  finish_call(&fixed->local.combine_recv, seq, [] {});
+}
+
 CombineParams make_params(const LowLatencyCombineArgs& args, const Region& region, const Group& group) {
   return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
 }
@@ -346,8 +476,14 @@ void launch_combine_send(const LowLatencyCombineArgs& args, const Region& region
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_combine_recv(const LowLatencyCombineArgs&, const Region&, const Group&, cudaStream_t) {
-  throw NotSupported("low_latency_combine: not available in this version of turnout");
+void launch_combine_recv(const LowLatencyCombineArgs& args, const Region& region, const Group& group,
+                         cudaStream_t stream) {
+  const CombineParams p = make_params(args, region, group);
+  if (args.use_logfmt)
+    low_latency_combine_recv_kernel<true><<<group.num_blocks, kThreads, 0, stream>>>(p);
+  else
+    low_latency_combine_recv_kernel<false><<<group.num_blocks, kThreads, 0, stream>>>(p);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace turnout::kernels::low_latency
