@@ -8,7 +8,7 @@ for a title that depends on the run. Adding one is a module plus an entry below.
 """
 
 #: The subcommands, in the order a plain ``python -m turnout.bench`` runs them.
-SUBCOMMANDS = ("ceiling", "layout", "intranode")
+SUBCOMMANDS = ("ceiling", "layout", "intranode", "low_latency")
 
 #: The subcommands that take shape options (``--tokens`` and so on), each with
 #: its defaults: its protocol's shape. ``run`` gets them as keyword arguments;
