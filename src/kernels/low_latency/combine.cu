@@ -107,7 +107,7 @@ __device__ __forceinline__ void put_logfmt_word(char* row, int step, const float
 __device__ __forceinline__ int plan_misfit(const PlanHeader& h, const LowLatencyCombineArgs& a, int num_ranks) {
   if (h.failed != 0) return 2;
   if (h.num_max_tokens != a.num_max_tokens || h.hidden != a.hidden || h.num_experts != a.num_experts ||
-      h.num_ranks != num_ranks || h.num_topk != a.num_topk)
+      h.num_ranks != num_ranks || h.num_topk != a.num_topk || h.num_tokens != a.num_tokens)
     return 1;
   return 0;
 }
