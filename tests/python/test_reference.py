@@ -1,5 +1,6 @@
-"""The host reference the GPU tests trust: the bound layout against a plain
-Python recomputation, and the FP8 cast against its definition."""
+"""The host reference the GPU tests trust: the bound layout and the bound
+low-latency dispatch, canonical order and combine against plain Python
+recomputations, and the FP8 cast against its definition."""
 import numpy as np
 import pytest
 import torch
@@ -147,3 +148,267 @@ def test_fp8_cast_rejects_bad_shapes():
         cast(bf16_rows(2, 512, seed=1), round_scale=False, use_ue8m0=True)
     with pytest.raises(ValueError, match="hidden"):
         cast(bf16_rows(2, 256, seed=1), round_scale=True, use_ue8m0=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Low-latency dispatch and combine
+
+
+def bf16_bits(rng: np.random.Generator, shape) -> np.ndarray:
+    """Random bf16 values (normal, no NaN) as their uint16 bits."""
+    return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def python_ll_rows(topk_idx, num_ranks: int, num_experts: int):
+    """rows[dst][le]: the (source rank, source token) pairs local expert le of rank dst
+    receives, in canonical order; a token naming an expert twice is sent once."""
+    per_rank = num_experts // num_ranks
+    rows = [[[] for _ in range(per_rank)] for _ in range(num_ranks)]
+    for s, ids in enumerate(topk_idx):
+        for t, row in enumerate(ids):
+            for e in sorted({int(e) for e in row if e >= 0}):
+                rows[e // per_rank][e % per_rank].append((s, t))
+    for dst in rows:
+        for expert in dst:
+            expert.sort()
+    return rows
+
+
+def ll_inputs(num_ranks, num_tokens, hidden, num_topk, num_experts, seed, empty_rank=-1):
+    rng = np.random.default_rng(seed)
+    xs, ids = [], []
+    for r in range(num_ranks):
+        t = 0 if r == empty_rank else num_tokens
+        xs.append(bf16_bits(rng, (t, hidden)))
+        # With replacement from [-1, E): empty slots and duplicates in a row.
+        ids.append(rng.integers(-1, num_experts, size=(t, num_topk), dtype=np.int64))
+    return xs, ids
+
+
+LL_CASES = [
+    # (ranks, tokens, M, hidden, top-k, experts, empty rank)
+    (2, 5, 8, 256, 3, 8, -1),
+    (4, 16, 16, 512, 8, 8, 2),
+    (3, 7, 9, 1024, 9, 12, 0),
+    (2, 1, 1, 2880, 1, 2, -1),  # bf16 takes a hidden that is not a multiple of 128
+    (8, 6, 6, 128, 4, 64, 7),
+]
+
+
+@pytest.mark.parametrize("num_ranks, num_tokens, m, hidden, num_topk, num_experts, empty_rank", LL_CASES)
+def test_ll_dispatch_matches_python(num_ranks, num_tokens, m, hidden, num_topk, num_experts, empty_rank):
+    xs, ids = ll_inputs(num_ranks, num_tokens, hidden, num_topk, num_experts, seed=num_ranks * 31 + hidden,
+                        empty_rank=empty_rank)
+    results = ref.low_latency_dispatch(xs, ids, m, num_experts)
+    want = python_ll_rows(ids, num_ranks, num_experts)
+    per_rank = num_experts // num_ranks
+    assert len(results) == num_ranks
+    total = 0
+    for dst, res in enumerate(results):
+        assert res.num_local_experts == per_rank and res.num_ranks == num_ranks and res.hidden == hidden
+        assert res.recv_count.dtype == np.int32 and res.recv_count.shape == (per_rank,)
+        assert res.layout_range.dtype == np.int64 and res.layout_range.shape == (per_rank, num_ranks)
+        for le in range(per_rank):
+            rows = want[dst][le]
+            total += len(rows)
+            assert res.recv_count[le] == len(rows), f"rank {dst} expert {le}"
+            np.testing.assert_array_equal(res.recv_src_rank(le), [s for s, _ in rows])
+            np.testing.assert_array_equal(res.recv_src_token(le), [t for _, t in rows])
+            got_x = res.recv_x(le)
+            assert got_x.shape == (len(rows), hidden) and got_x.dtype == np.uint16
+            for i, (s, t) in enumerate(rows):
+                np.testing.assert_array_equal(got_x[i], xs[s][t], err_msg=f"rank {dst} expert {le} row {i}")
+            # (begin << 32) | count, groups by source rank ascending.
+            begin = 0
+            for s in range(num_ranks):
+                count = sum(1 for src, _ in rows if src == s)
+                assert res.layout_range[le, s] == (begin << 32) | count, f"rank {dst} expert {le} source {s}"
+                begin += count
+    assert total == sum(len({int(e) for e in row if e >= 0}) for r_ids in ids for row in r_ids)
+
+
+@pytest.mark.parametrize("round_scale, use_ue8m0", [(False, False), (True, False), (True, True)])
+def test_ll_dispatch_fp8_rows_are_the_cast_of_the_source_row(round_scale, use_ue8m0):
+    num_ranks, hidden, num_experts = 4, 1024, 16
+    xs, ids = ll_inputs(num_ranks, 9, hidden, 6, num_experts, seed=5, empty_rank=1)
+    results = ref.low_latency_dispatch(xs, ids, 12, num_experts, use_fp8=True, round_scale=round_scale,
+                                       use_ue8m0=use_ue8m0)
+    casts = [ref.cast_to_fp8(x, round_scale, use_ue8m0) for x in xs]
+    want = python_ll_rows(ids, num_ranks, num_experts)
+    checked = 0
+    for dst, res in enumerate(results):
+        assert res.use_fp8 and res.use_ue8m0 == use_ue8m0
+        with pytest.raises(ValueError, match="use_fp8"):
+            res.recv_x(0)
+        for le in range(res.num_local_experts):
+            q, scales = res.recv_x_fp8(le), res.recv_scales(le)
+            assert q.dtype == np.uint8 and q.shape == (len(want[dst][le]), hidden)
+            assert scales.dtype == np.float32 and scales.shape == (len(want[dst][le]), hidden // 128)
+            if use_ue8m0:
+                packed = res.recv_packed_scales(le)
+                assert packed.dtype == np.uint32 and packed.shape == (len(want[dst][le]), hidden // 512)
+            else:
+                with pytest.raises(ValueError, match="use_ue8m0"):
+                    res.recv_packed_scales(le)
+            for i, (s, t) in enumerate(want[dst][le]):
+                np.testing.assert_array_equal(q[i], casts[s][0][t])
+                np.testing.assert_array_equal(scales[i].view(np.uint32), casts[s][1][t].view(np.uint32))
+                if use_ue8m0:
+                    np.testing.assert_array_equal(packed[i], casts[s][2][t])
+                checked += 1
+    assert checked > 0
+
+
+def gpu_like_expert(rng, rows, num_ranks: int, num_slots: int):
+    """One expert's rows laid out as a GPU may: source groups in a random
+    order, rows shuffled inside each group, garbage past recv_count. Returns
+    (src_info [num_slots], layout_range [R], the canonical row at each GPU row)."""
+    src_info = rng.integers(-5, 1000, size=num_slots).astype(np.int32)
+    layout_range = np.zeros(num_ranks, np.int64)
+    canonical_at = np.full(num_slots, -1)
+    at = 0
+    for s in rng.permutation(num_ranks):
+        group = [i for i, (src, _) in enumerate(rows) if src == s]
+        layout_range[s] = (at << 32) | len(group)
+        for i in rng.permutation(group) if group else []:
+            src_info[at] = rows[i][1]
+            canonical_at[at] = i
+            at += 1
+    return src_info, layout_range, canonical_at
+
+
+def test_ll_canonical_order_undoes_any_gpu_order():
+    num_ranks, num_experts, m = 4, 8, 10
+    xs, ids = ll_inputs(num_ranks, m, 128, 5, num_experts, seed=11)
+    results = ref.low_latency_dispatch(xs, ids, m, num_experts)
+    rng = np.random.default_rng(3)
+    for res in results:
+        for le in range(res.num_local_experts):
+            rows = list(zip(res.recv_src_rank(le).tolist(), res.recv_src_token(le).tolist()))
+            src_info, layout_range, canonical_at = gpu_like_expert(rng, rows, num_ranks, m * num_ranks)
+            perm = ref.low_latency_canonical_order(src_info, layout_range, len(rows))
+            assert perm.dtype == np.int32 and perm.shape == (len(rows),)
+            np.testing.assert_array_equal(canonical_at[perm], np.arange(len(rows)))
+            np.testing.assert_array_equal(src_info[perm], res.recv_src_token(le))
+
+
+def test_ll_canonical_order_rejects_bad_layouts():
+    src_info = np.array([4, 2, 7, 1, 0, 99], np.int32)
+    good = np.array([(0 << 32) | 2, (2 << 32) | 3], np.int64)
+    np.testing.assert_array_equal(ref.low_latency_canonical_order(src_info, good, 5), [1, 0, 4, 3, 2])
+    with pytest.raises(ValueError, match="overlaps"):
+        ref.low_latency_canonical_order(src_info, np.array([(0 << 32) | 3, (2 << 32) | 3], np.int64), 6)
+    with pytest.raises(ValueError, match="cover"):
+        ref.low_latency_canonical_order(src_info, np.array([(0 << 32) | 2, (3 << 32) | 2], np.int64), 5)
+    with pytest.raises(ValueError, match="pass recv_count"):
+        ref.low_latency_canonical_order(src_info, good, 4)
+    with pytest.raises(ValueError, match="twice"):
+        ref.low_latency_canonical_order(np.array([3, 3], np.int32), np.array([2, 0], np.int64), 2)
+    with pytest.raises(ValueError, match="recv_count"):
+        ref.low_latency_canonical_order(src_info, good, 7)
+
+
+def python_ll_combine(expert_x, ids, weights, rows, num_ranks: int, num_experts: int, hidden: int):
+    """fp64 combine from the canonical rows of python_ll_rows."""
+    per_rank = num_experts // num_ranks
+    out = []
+    for s in range(num_ranks):
+        acc = np.zeros((len(ids[s]), hidden))
+        for t, row in enumerate(ids[s]):
+            for k, e in enumerate(row):
+                if e < 0:
+                    continue
+                owner, le = int(e) // per_rank, int(e) % per_rank
+                i = rows[owner][le].index((s, t))
+                acc[t] += float(weights[s][t, k]) * bf16_values(expert_x[owner][le][i])
+        out.append(acc)
+    return out
+
+
+@pytest.mark.parametrize("num_ranks, num_tokens, m, hidden, num_topk, num_experts, empty_rank", LL_CASES)
+def test_ll_combine_matches_python(num_ranks, num_tokens, m, hidden, num_topk, num_experts, empty_rank):
+    xs, ids = ll_inputs(num_ranks, num_tokens, hidden, num_topk, num_experts, seed=num_ranks * 7 + num_topk,
+                        empty_rank=empty_rank)
+    results = ref.low_latency_dispatch(xs, ids, m, num_experts)
+    rng = np.random.default_rng(num_tokens)
+    # Expert outputs unrelated to what was dispatched, and weights of either sign.
+    expert_x = [[bf16_bits(rng, (int(res.recv_count[le]), hidden)) for le in range(res.num_local_experts)]
+                for res in results]
+    weights = [rng.uniform(-1, 1, size=i.shape).astype(np.float32) for i in ids]
+    got = ref.low_latency_combine(expert_x, ids, weights, results)
+    want = python_ll_combine(expert_x, ids, weights, python_ll_rows(ids, num_ranks, num_experts), num_ranks,
+                             num_experts, hidden)
+    for s in range(num_ranks):
+        assert got[s].dtype == np.float64 and got[s].shape == (len(ids[s]), hidden)
+        np.testing.assert_allclose(got[s], want[s], rtol=1e-12, atol=0, err_msg=f"rank {s}")
+    # One rank's result from the rows that came from it alone.
+    only = num_ranks - 1
+    mine = [[res.recv_src_rank(le) == only for le in range(res.num_local_experts)] for res in results]
+    expert_mine = [[expert_x[r][le][mine[r][le]] for le in range(results[r].num_local_experts)]
+                   for r in range(num_ranks)]
+    ids_mine = [i if r == only else None for r, i in enumerate(ids)]
+    weights_mine = [w if r == only else None for r, w in enumerate(weights)]
+    alone = ref.low_latency_combine(expert_mine, ids_mine, weights_mine, results, only_rank=only)
+    assert all(a is None for r, a in enumerate(alone) if r != only)
+    np.testing.assert_array_equal(alone[only], got[only])
+
+
+def test_ll_duplicate_expert_is_one_row_weighted_twice():
+    # Rank 0's token 0 names expert 3 twice; rank 1 sends nothing.
+    x0 = bf16_bits(np.random.default_rng(1), (1, 256))
+    ids = [np.array([[3, -1, 3]], np.int64), np.zeros((0, 3), np.int64)]
+    xs = [x0, np.zeros((0, 256), np.uint16)]
+    results = ref.low_latency_dispatch(xs, ids, 2, 4)
+    assert results[1].recv_count.tolist() == [0, 1]
+    assert results[0].recv_count.tolist() == [0, 0]
+    assert results[1].layout_range[1].tolist() == [1, 1 << 32]  # source 1: no rows, from row 1
+    assert results[1].recv_src_token(1).tolist() == [0]
+    np.testing.assert_array_equal(results[1].recv_x(1)[0], x0[0])
+    weights = [np.array([[0.25, 5.0, 0.5]], np.float32), np.zeros((0, 3), np.float32)]
+    expert_x = [[np.zeros((0, 256), np.uint16)] * 2, [np.zeros((0, 256), np.uint16), x0]]
+    out = ref.low_latency_combine(expert_x, ids, weights, results)
+    np.testing.assert_array_equal(out[0][0], 0.75 * bf16_values(x0[0]))
+    assert out[1].shape == (0, 256)
+
+
+def test_ll_reference_rejects_bad_input():
+    xs, ids = ll_inputs(2, 4, 256, 2, 8, seed=2)
+    bad = [ids[0].copy(), ids[1]]
+    bad[0][1, 1] = 8
+    with pytest.raises(ValueError, match="topk_idx"):
+        ref.low_latency_dispatch(xs, bad, 4, 8)
+    bad[0][1, 1] = -2
+    with pytest.raises(ValueError, match="topk_idx"):
+        ref.low_latency_dispatch(xs, bad, 4, 8)
+    with pytest.raises(ValueError, match="num_tokens"):
+        ref.low_latency_dispatch(xs, ids, 3, 8)  # T = 4 > M = 3
+    with pytest.raises(ValueError, match="num_experts"):
+        ref.low_latency_dispatch(xs, ids, 4, 7)
+    with pytest.raises(ValueError, match="use_ue8m0"):
+        ref.low_latency_dispatch(xs, ids, 4, 8, use_fp8=True, use_ue8m0=True)
+    with pytest.raises(ValueError, match="hidden"):
+        ref.low_latency_dispatch([x[:, :200].copy() for x in xs], ids, 4, 8, use_fp8=True)
+    with pytest.raises(ValueError, match="topk_idx"):
+        ref.low_latency_dispatch(xs, [ids[0], ids[1][:3].copy()], 4, 8)
+    results = ref.low_latency_dispatch(xs, ids, 4, 8)
+    with pytest.raises(ValueError, match="local_expert"):
+        results[0].recv_x(4)
+    expert_x = [[res.recv_x(le) for le in range(res.num_local_experts)] for res in results]
+    weights = [np.ones(i.shape, np.float32) for i in ids]
+    short = [list(e) for e in expert_x]
+    short[1][0] = short[1][0][:-1] if len(short[1][0]) else np.zeros((1, 256), np.uint16)
+    with pytest.raises(ValueError, match=r"expert_x\[1\]\[0\]"):
+        ref.low_latency_combine(short, ids, weights, results)
+    # Combine names an expert that its dispatch did not.
+    moved = [ids[0].copy(), ids[1]]
+    moved[0][0] = [next(e for e in range(8) if e not in ids[0][0]), -1]
+    with pytest.raises(ValueError, match="not dispatched"):
+        ref.low_latency_combine(expert_x, moved, weights, results)
+    with pytest.raises(ValueError, match="only_rank"):
+        ref.low_latency_combine(expert_x, ids, weights, results, only_rank=2)
+    with pytest.raises(ValueError, match="None"):
+        ref.low_latency_combine(expert_x, [ids[0], None], weights, results)

@@ -147,6 +147,159 @@ auto copy_out(const std::vector<T>& v, size_t rows, size_t cols) {
   return to_numpy(std::vector<T>(v), {rows, cols});
 }
 
+// A low-latency dispatch result with what its arrays' shapes need.
+struct LowLatencyResult {
+  reference::LowLatencyDispatchResult r;
+  reference::LowLatencyParams params;
+  int num_ranks = 0;
+
+  int num_local_experts() const { return static_cast<int>(r.experts.size()); }
+  const reference::LowLatencyExpertRecv& expert(int l) const {
+    if (l < 0 || l >= num_local_experts())
+      throw std::invalid_argument("local_expert: must be in [0, " + std::to_string(num_local_experts()) + "), got " +
+                                  std::to_string(l));
+    return r.experts[l];
+  }
+  size_t rows(int l) const { return expert(l).src_token.size(); }
+};
+
+// A 2-D array of a list, or an empty one where the entry is None and
+// none_ok; `cols` is checked when >= 0.
+template <typename T>
+std::vector<T> rank_rows(const nb::list& items, size_t r, const char* what, int64_t cols, size_t* num_rows,
+                         bool none_ok) {
+  if (items.size() <= r) throw std::invalid_argument(std::string(what) + ": one array per rank is needed");
+  nb::handle h = items[r];
+  if (h.is_none()) {
+    if (!none_ok) throw std::invalid_argument(std::string(what) + "[" + std::to_string(r) + "]: None is not allowed");
+    *num_rows = 0;
+    return {};
+  }
+  auto a = nb::cast<HostArray<const T>>(h);
+  if (a.ndim() != 2 || (cols >= 0 && static_cast<int64_t>(a.shape(1)) != cols))
+    throw std::invalid_argument(std::string(what) + "[" + std::to_string(r) + "]: expected a 2-D array" +
+                                (cols >= 0 ? " of " + std::to_string(cols) + " columns" : std::string()));
+  *num_rows = a.shape(0);
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+std::vector<LowLatencyResult> low_latency_dispatch(const nb::list& x, const nb::list& topk_idx,
+                                                   int num_max_dispatch_tokens_per_rank, int num_experts, bool use_fp8,
+                                                   bool round_scale, bool use_ue8m0) {
+  const size_t num_ranks = x.size();
+  if (num_ranks == 0) throw std::invalid_argument("x: one array per rank is needed");
+  if (topk_idx.size() != num_ranks)
+    throw std::invalid_argument("topk_idx: one array per rank is needed (" + std::to_string(num_ranks) + "), got " +
+                                std::to_string(topk_idx.size()));
+  reference::LowLatencyParams params;
+  params.num_max_dispatch_tokens_per_rank = num_max_dispatch_tokens_per_rank;
+  params.num_experts = num_experts;
+  params.use_fp8 = use_fp8;
+  params.round_scale = round_scale;
+  params.use_ue8m0 = use_ue8m0;
+  // Widths from rank 0 (a rank without tokens still has them in its shapes).
+  params.hidden = static_cast<int>(nb::cast<HostArray<const uint16_t>>(x[0]).shape(1));
+  params.num_topk = static_cast<int>(nb::cast<HostArray<const int64_t>>(topk_idx[0]).shape(1));
+  std::vector<reference::LowLatencyDispatchInput> inputs(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    size_t tokens = 0, topk_tokens = 0;
+    inputs[r].x = rank_rows<uint16_t>(x, r, "x", params.hidden, &tokens, false);
+    inputs[r].topk_idx = rank_rows<int64_t>(topk_idx, r, "topk_idx", params.num_topk, &topk_tokens, false);
+    if (tokens != topk_tokens)
+      throw std::invalid_argument("topk_idx[" + std::to_string(r) + "]: " + std::to_string(topk_tokens) +
+                                  " rows, x has " + std::to_string(tokens));
+    inputs[r].num_tokens = static_cast<int>(tokens);
+  }
+  auto results = reference::low_latency_dispatch(inputs, params);
+  std::vector<LowLatencyResult> out;
+  for (auto& r : results) out.push_back({std::move(r), params, static_cast<int>(num_ranks)});
+  return out;
+}
+
+auto canonical_order(HostArray<const int32_t> src_info, HostArray<const int64_t> layout_range, int recv_count) {
+  if (src_info.ndim() != 1) throw std::invalid_argument("src_info: expected one expert's 1-D row");
+  if (layout_range.ndim() != 1) throw std::invalid_argument("layout_range: expected one expert's 1-D row [R]");
+  auto perm = reference::low_latency_canonical_order({src_info.data(), src_info.size()},
+                                                     {layout_range.data(), layout_range.size()}, recv_count);
+  const size_t n = perm.size();
+  return to_numpy(std::move(perm), {n});
+}
+
+nb::list low_latency_combine(const nb::list& expert_x, const nb::list& topk_idx, const nb::list& topk_weights,
+                             const nb::list& dispatch, int only_rank) {
+  const size_t num_ranks = dispatch.size();
+  if (num_ranks == 0) throw std::invalid_argument("dispatch: one result per rank is needed");
+  if (only_rank >= static_cast<int>(num_ranks))
+    throw std::invalid_argument("only_rank: must be < " + std::to_string(num_ranks) + ", got " +
+                                std::to_string(only_rank));
+  if (expert_x.size() != num_ranks)
+    throw std::invalid_argument("expert_x: one list per rank is needed (" + std::to_string(num_ranks) + "), got " +
+                                std::to_string(expert_x.size()));
+  const reference::LowLatencyParams params = nb::cast<const LowLatencyResult&>(dispatch[0]).params;
+  const int h = params.hidden, k = params.num_topk;
+  // Combine reads only who sent each row: copy that, and with only_rank
+  // keep the rows that came from it alone.
+  std::vector<reference::LowLatencyDispatchResult> results(num_ranks);
+  std::vector<reference::LowLatencyCombineInput> inputs(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    const auto& d = nb::cast<const LowLatencyResult&>(dispatch[r]);
+    if (d.num_ranks != static_cast<int>(num_ranks) || d.params.hidden != h || d.params.num_topk != k ||
+        d.params.num_experts != params.num_experts ||
+        d.params.num_max_dispatch_tokens_per_rank != params.num_max_dispatch_tokens_per_rank)
+      throw std::invalid_argument("dispatch[" + std::to_string(r) + "]: comes from another dispatch call");
+    auto& kept = results[r];
+    kept.recv_count = d.r.recv_count;
+    kept.layout_range = d.r.layout_range;
+    kept.experts.resize(d.r.experts.size());
+    for (size_t l = 0; l < d.r.experts.size(); ++l) {
+      const auto& all = d.r.experts[l];
+      for (size_t i = 0; i < all.src_token.size(); ++i) {
+        if (only_rank >= 0 && all.src_rank[i] != only_rank) continue;
+        kept.experts[l].src_rank.push_back(all.src_rank[i]);
+        kept.experts[l].src_token.push_back(all.src_token[i]);
+      }
+    }
+    nb::handle xr = expert_x[r];
+    if (!nb::isinstance<nb::list>(xr) && !nb::isinstance<nb::tuple>(xr))
+      throw std::invalid_argument("expert_x[" + std::to_string(r) + "]: expected a list of one array per local expert");
+    nb::list per_expert;
+    for (nb::handle item : xr) per_expert.append(item);
+    if (per_expert.size() != kept.experts.size())
+      throw std::invalid_argument("expert_x[" + std::to_string(r) + "]: expected " +
+                                  std::to_string(kept.experts.size()) + " arrays (one per local expert), got " +
+                                  std::to_string(per_expert.size()));
+    for (size_t l = 0; l < kept.experts.size(); ++l) {
+      size_t rows = 0;
+      inputs[r].expert_x.push_back(rank_rows<uint16_t>(per_expert, l, "expert_x[r]", h, &rows, false));
+      if (rows != kept.experts[l].src_token.size())
+        throw std::invalid_argument("expert_x[" + std::to_string(r) + "][" + std::to_string(l) + "]: expected " +
+                                    std::to_string(kept.experts[l].src_token.size()) + " rows" +
+                                    (only_rank >= 0 ? " (those from only_rank)" : "") + ", got " +
+                                    std::to_string(rows));
+    }
+    // Only only_rank's tokens are combined: the other ranks' top-k may be None.
+    const bool wanted = only_rank < 0 || static_cast<int>(r) == only_rank;
+    size_t tokens = 0, weight_tokens = 0;
+    if (wanted) {
+      inputs[r].topk_idx = rank_rows<int64_t>(topk_idx, r, "topk_idx", k, &tokens, false);
+      inputs[r].topk_weights = rank_rows<float>(topk_weights, r, "topk_weights", k, &weight_tokens, false);
+      if (tokens != weight_tokens)
+        throw std::invalid_argument("topk_weights[" + std::to_string(r) + "]: " + std::to_string(weight_tokens) +
+                                    " rows, topk_idx has " + std::to_string(tokens));
+    }
+  }
+  auto combined = reference::low_latency_combine(inputs, results, params);
+  nb::list out;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    if (only_rank >= 0 && r != static_cast<size_t>(only_rank)) {
+      out.append(nb::none());
+      continue;
+    }
+    const size_t t = combined[r].size() / h;
+    out.append(to_numpy(std::move(combined[r]), {t, size_t(h)}));
+  }
+  return out;
+}
 }  // namespace
 
 NB_MODULE(turnout_reference, m) {
@@ -198,4 +351,73 @@ NB_MODULE(turnout_reference, m) {
         "(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank) as numpy arrays");
   m.def("cast_to_fp8", &cast_to_fp8, "x"_a, "round_scale"_a, "use_ue8m0"_a,
         "Per-128-channel FP8 cast of bf16 rows (uint16 bits): (q uint8, scales float32, packed ue8m0 uint32)");
+
+  using L = const LowLatencyResult&;
+  nb::class_<LowLatencyResult>(m, "LowLatencyDispatchResult",
+                               "One rank's low-latency dispatch result, rows per local expert in canonical order "
+                               "(source rank ascending, then source token)")
+      .def_prop_ro("num_local_experts", [](L d) { return d.num_local_experts(); })
+      .def_prop_ro("num_ranks", [](L d) { return d.num_ranks; })
+      .def_prop_ro("hidden", [](L d) { return d.params.hidden; })
+      .def_prop_ro("num_topk", [](L d) { return d.params.num_topk; })
+      .def_prop_ro("num_experts", [](L d) { return d.params.num_experts; })
+      .def_prop_ro("num_max_dispatch_tokens_per_rank", [](L d) { return d.params.num_max_dispatch_tokens_per_rank; })
+      .def_prop_ro("use_fp8", [](L d) { return d.params.use_fp8; })
+      .def_prop_ro("use_ue8m0", [](L d) { return d.params.use_fp8 && d.params.use_ue8m0; })
+      .def_prop_ro(
+          "recv_count",
+          [](L d) { return to_numpy(std::vector<int32_t>(d.r.recv_count), {size_t(d.num_local_experts())}); }, fresh)
+      .def_prop_ro(
+          "layout_range", [](L d) { return copy_out(d.r.layout_range, d.num_local_experts(), size_t(d.num_ranks)); },
+          fresh)
+      .def(
+          "recv_src_rank", [](L d, int l) { return to_numpy(std::vector<int32_t>(d.expert(l).src_rank), {d.rows(l)}); },
+          "local_expert"_a, fresh, "int32 [n]: the source rank of each row of that expert")
+      .def(
+          "recv_src_token",
+          [](L d, int l) { return to_numpy(std::vector<int32_t>(d.expert(l).src_token), {d.rows(l)}); },
+          "local_expert"_a, fresh, "int32 [n]: the source token of each row (the GPU's src_info)")
+      .def(
+          "recv_x",
+          [](L d, int l) {
+            if (d.params.use_fp8) throw std::invalid_argument("recv_x: this dispatch used use_fp8: read recv_x_fp8");
+            return copy_out(d.expert(l).x, d.rows(l), size_t(d.params.hidden));
+          },
+          "local_expert"_a, fresh, "uint16 [n, H]: bf16 rows, without use_fp8")
+      .def(
+          "recv_x_fp8",
+          [](L d, int l) {
+            if (!d.params.use_fp8) throw std::invalid_argument("recv_x_fp8: this dispatch did not use use_fp8");
+            return copy_out(d.expert(l).x_fp8, d.rows(l), size_t(d.params.hidden));
+          },
+          "local_expert"_a, fresh, "uint8 [n, H]: e4m3 rows, with use_fp8")
+      .def(
+          "recv_scales",
+          [](L d, int l) {
+            if (!d.params.use_fp8) throw std::invalid_argument("recv_scales: this dispatch did not use use_fp8");
+            return copy_out(d.expert(l).scales, d.rows(l), size_t(d.params.hidden / 128));
+          },
+          "local_expert"_a, fresh, "float32 [n, H / 128] row-major, with use_fp8 (ue8m0 too)")
+      .def(
+          "recv_packed_scales",
+          [](L d, int l) {
+            if (!(d.params.use_fp8 && d.params.use_ue8m0))
+              throw std::invalid_argument("recv_packed_scales: this dispatch did not use use_ue8m0");
+            return copy_out(d.expert(l).packed_scales, d.rows(l), size_t(d.params.hidden / 512));
+          },
+          "local_expert"_a, fresh, "uint32 [n, H / 512]: byte j of word i = exponent of group 4i + j, with use_ue8m0");
+  m.def("low_latency_dispatch", &low_latency_dispatch, "x"_a, "topk_idx"_a, "num_max_dispatch_tokens_per_rank"_a,
+        "num_experts"_a, "use_fp8"_a = false, "round_scale"_a = false, "use_ue8m0"_a = false,
+        "Every rank's low-latency dispatch result (a list of LowLatencyDispatchResult) from every rank's x (uint16 "
+        "bf16 bits [T, H]) and topk_idx (int64 [T, K]).");
+  m.def("low_latency_canonical_order", &canonical_order, "src_info"_a, "layout_range"_a, "recv_count"_a,
+        "For one GPU expert (src_info [>= recv_count] int32, layout_range [R] int64): int32 perm, perm[i] = the GPU "
+        "row holding canonical row i. Raises ValueError if the ranges overlap, leave rows uncovered or repeat a "
+        "token.");
+  m.def("low_latency_combine", &low_latency_combine, "expert_x"_a, "topk_idx"_a, "topk_weights"_a, "dispatch"_a,
+        "only_rank"_a = -1,
+        "Every rank's fp64 combined_x [T, H]: sum over k of topk_weights[t, k] * the row of (t, expert topk_idx[t, "
+        "k]). expert_x[r][l]: uint16 bf16 rows [n, H] of rank r's local expert l in canonical order. With only_rank "
+        ">= 0: that rank's result alone (None for the others), expert_x[r][l] holds only the rows that came from "
+        "only_rank, and the other ranks' topk_idx / topk_weights may be None.");
 }
