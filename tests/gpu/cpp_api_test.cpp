@@ -1,13 +1,18 @@
 // The C++ API alone, no Python: one process per rank (round-robin over the GPUs) bootstrapped over TCP,
 // get_dispatch_layout against the host reference, peer stores and loads
-// across every pair, and an intranode dispatch and combine. Exit status 0 when every rank passed.
+// across every pair, an intranode dispatch and combine, and (on a second
+// Buffer, built with low_latency_mode) low-latency dispatch and combine on raw
+// device pointers against the host reference. Exit status 0 when every rank passed.
 //
 //   turnout_gpu_cpp_test [num_ranks] [port]
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -217,6 +222,268 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   return 0;
 }
 
+// ---------------------------------------------------------------------------
+// Low-latency dispatch and combine
+
+namespace ref = turnout::reference;
+
+// A device allocation freed at scope exit (at least 16 bytes: a rank with no
+// tokens still passes valid pointers).
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) { TURNOUT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <typename T>
+void to_device(const DeviceBuffer& d, const std::vector<T>& v) {
+  if (!v.empty()) TURNOUT_CUDA_CHECK(cudaMemcpy(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& d, size_t n) {
+  std::vector<T> v(n);
+  if (n) TURNOUT_CUDA_CHECK(cudaMemcpy(v.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+struct LowLatencyCase {
+  int max_tokens, hidden, experts_per_rank, num_topk;
+  bool use_fp8;
+  bool weights_at_dispatch;  // pre-reduced combine; combine's own weights must go unread
+  bool split_phases;         // send, then receive, as a receive hook does
+};
+
+// Every rank's inputs, drawn from seeds of its rank, so that each rank
+// rebuilds all of them for the reference. Rank 1 sends no token, rank r
+// sends M - r (rank 0: T = M); a quarter of the top-k slots are -1.
+std::vector<ref::LowLatencyDispatchInput> low_latency_inputs(int num_ranks, const LowLatencyCase& c) {
+  const int E = c.experts_per_rank * num_ranks;
+  std::vector<ref::LowLatencyDispatchInput> all(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    std::mt19937_64 rng(5000 + r);
+    std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+    auto& in = all[r];
+    in.num_tokens = r == 1 ? 0 : c.max_tokens - r % c.max_tokens;
+    in.x.resize(size_t(in.num_tokens) * c.hidden);
+    for (auto& v : in.x) v = ref::float_to_bf16(value(rng));
+    std::vector<int64_t> experts(E);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      std::iota(experts.begin(), experts.end(), 0);
+      std::shuffle(experts.begin(), experts.end(), rng);
+      for (int k = 0; k < c.num_topk; ++k) in.topk_idx.push_back(k >= E || rng() % 4 == 0 ? -1 : experts[k]);
+    }
+  }
+  return all;
+}
+
+std::vector<float> low_latency_weights(int rank, int num_tokens, int num_topk, uint64_t seed) {
+  std::mt19937_64 rng(seed + rank);
+  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
+  std::vector<float> w(size_t(num_tokens) * num_topk);
+  for (auto& v : w) v = weight(rng);
+  return w;
+}
+
+// The expert output combine sends back for token t of its source, received by global expert e.
+uint16_t expert_output(const uint16_t* x, int channel, int expert) {
+  return ref::float_to_bf16(ref::bf16_to_float(x[channel]) * (0.5f + float(expert % 61) / 64.0f));
+}
+
+int check_low_latency_case(turnout::Buffer& buffer, int rank, cudaStream_t stream, const LowLatencyCase& c) {
+  const int R = buffer.topology().num_ranks, L = c.experts_per_rank, E = L * R, H = c.hidden, K = c.num_topk,
+            M = c.max_tokens, MR = M * R, G = H / 128;
+  const auto all = low_latency_inputs(R, c);
+  const auto& mine = all[rank];
+  const int T = mine.num_tokens;
+  std::vector<std::vector<float>> weights(R);
+  for (int r = 0; r < R; ++r) weights[r] = low_latency_weights(r, all[r].num_tokens, K, 9000);
+  const auto other_weights = low_latency_weights(rank, T, K, 11000);
+
+  ref::LowLatencyParams params;
+  params.num_max_dispatch_tokens_per_rank = M;
+  params.hidden = H;
+  params.num_experts = E;
+  params.num_topk = K;
+  params.use_fp8 = c.use_fp8;
+  const auto refs = ref::low_latency_dispatch(all, params);
+  const auto& want = refs[rank];
+
+  const size_t row_bytes = c.use_fp8 ? size_t(H) : size_t(H) * 2;
+  DeviceBuffer d_x(mine.x.size() * 2), d_topk(mine.topk_idx.size() * 8), d_w(size_t(T) * K * 4),
+      d_other_w(size_t(T) * K * 4), d_recv(size_t(L) * MR * row_bytes), d_scales(size_t(L) * MR * G * 4),
+      d_count(size_t(L) * 4), d_src(size_t(L) * MR * 4), d_layout(size_t(L) * R * 8),
+      d_plan(turnout::low_latency_plan_bytes(M, R, E)), d_cumulative(size_t(L) * 4), d_wait(size_t(R) * 8),
+      d_y(size_t(L) * MR * H * 2), d_out(size_t(T) * H * 2);
+  to_device(d_x, mine.x);
+  to_device(d_topk, mine.topk_idx);
+  to_device(d_w, weights[rank]);
+  to_device(d_other_w, other_weights);
+  TURNOUT_CUDA_CHECK(cudaMemset(d_cumulative.p, 0, size_t(L) * 4));
+  TURNOUT_CUDA_CHECK(cudaMemset(d_wait.p, 0, size_t(R) * 8));
+
+  turnout::LowLatencyDispatchArgs d;
+  d.x = d_x.p;
+  d.num_tokens = T;
+  d.hidden = H;
+  d.topk_idx = d_topk.as<const int64_t>();
+  d.num_topk = K;
+  d.topk_weights = c.weights_at_dispatch ? d_w.as<const float>() : nullptr;
+  d.num_max_tokens = M;
+  d.num_experts = E;
+  d.use_fp8 = c.use_fp8;
+  d.recv_x = d_recv.p;
+  d.recv_scales = c.use_fp8 ? d_scales.as<float>() : nullptr;
+  d.recv_count = d_count.as<int32_t>();
+  d.src_info = d_src.as<int32_t>();
+  d.layout_range = d_layout.as<int64_t>();
+  d.plan = d_plan.p;
+  d.cumulative_local_expert_recv_stats = d_cumulative.as<int32_t>();
+  d.wait_recv_cost_stats = d_wait.as<int64_t>();
+  if (c.split_phases) {
+    buffer.low_latency_dispatch(d, turnout::LowLatencyPhase::kSend, stream);
+    buffer.low_latency_dispatch(d, turnout::LowLatencyPhase::kReceive, stream);
+  } else {
+    buffer.low_latency_dispatch(d, turnout::LowLatencyPhase::kSendAndReceive, stream);
+  }
+  buffer.synchronize(stream, "low_latency_dispatch");
+
+  const auto count = to_host<int32_t>(d_count, L);
+  const auto cumulative = to_host<int32_t>(d_cumulative, L);
+  const auto src = to_host<int32_t>(d_src, size_t(L) * MR);
+  const auto layout = to_host<int64_t>(d_layout, size_t(L) * R);
+  const auto recv = to_host<uint8_t>(d_recv, size_t(L) * MR * row_bytes);
+  const auto scales = c.use_fp8 ? to_host<float>(d_scales, size_t(L) * MR * G) : std::vector<float>();
+  const auto wait = to_host<int64_t>(d_wait, R);
+  for (int r = 0; r < R; ++r) EXPECT(wait[r] >= 0, "dispatch_wait_recv_cost_stats[%d] = %lld", r, (long long)wait[r]);
+
+  // Rows in canonical order, compared bitwise; the expert outputs laid out as the GPU placed the rows.
+  std::vector<uint16_t> y(size_t(L) * MR * H, 0x7fc0);  // NaN past recv_count
+  for (int l = 0; l < L; ++l) {
+    const auto& rows = want.experts[l];
+    EXPECT(count[l] == want.recv_count[l], "recv_count[%d] = %d, reference %d", l, count[l], want.recv_count[l]);
+    EXPECT(cumulative[l] == want.recv_count[l], "cumulative_local_expert_recv_stats[%d] = %d, reference %d", l,
+           cumulative[l], want.recv_count[l]);
+    for (int s = 0; s < R; ++s)
+      EXPECT((layout[l * R + s] & 0xffffffff) == (want.layout_range[l * R + s] & 0xffffffff),
+             "layout_range[%d, %d] counts %lld rows, reference %lld", l, s, (long long)(layout[l * R + s] & 0xffffffff),
+             (long long)(want.layout_range[l * R + s] & 0xffffffff));
+    std::vector<int32_t> perm;
+    try {
+      perm = ref::low_latency_canonical_order(std::span<const int32_t>(src).subspan(size_t(l) * MR, MR),
+                                              std::span<const int64_t>(layout).subspan(size_t(l) * R, R), count[l]);
+    } catch (const std::invalid_argument& e) {
+      EXPECT(false, "expert %d: src_info / layout_range are no valid layout: %s", l, e.what());
+    }
+    for (size_t i = 0; i < perm.size(); ++i) {
+      const size_t row = size_t(l) * MR + perm[i];
+      EXPECT(src[row] == rows.src_token[i], "expert %d row %zu: src_info %d, reference %d", l, i, src[row],
+             rows.src_token[i]);
+      const uint8_t* got = &recv[row * row_bytes];
+      const void* expected = c.use_fp8 ? static_cast<const void*>(&rows.x_fp8[i * H]) : &rows.x[i * H];
+      EXPECT(std::memcmp(got, expected, row_bytes) == 0, "expert %d canonical row %zu differs from the reference", l,
+             i);
+      for (int g = 0; c.use_fp8 && g < G; ++g) {
+        const float scale = scales[size_t(l) * MR * G + size_t(g) * MR + perm[i]];  // column-major
+        EXPECT(std::memcmp(&scale, &rows.scales[i * G + g], 4) == 0, "expert %d row %zu scale %d: %g, reference %g", l,
+               i, g, scale, rows.scales[i * G + g]);
+      }
+      const uint16_t* source = &all[rows.src_rank[i]].x[size_t(rows.src_token[i]) * H];
+      for (int h = 0; h < H; ++h) y[row * H + h] = expert_output(source, h, rank * L + l);
+    }
+  }
+
+  // Combine; the reference from every rank's expert outputs in canonical order.
+  to_device(d_y, y);
+  turnout::LowLatencyCombineArgs cb;
+  cb.x = d_y.p;
+  cb.topk_idx = d_topk.as<const int64_t>();
+  cb.topk_weights = c.weights_at_dispatch ? d_other_w.as<const float>() : d_w.as<const float>();
+  cb.num_tokens = T;
+  cb.num_topk = K;
+  cb.hidden = H;
+  cb.num_max_tokens = M;
+  cb.num_experts = E;
+  cb.plan = d_plan.p;
+  cb.out = d_out.p;
+  if (c.split_phases) {
+    buffer.low_latency_combine(cb, turnout::LowLatencyPhase::kSend, stream);
+    buffer.low_latency_combine(cb, turnout::LowLatencyPhase::kReceive, stream);
+  } else {
+    buffer.low_latency_combine(cb, turnout::LowLatencyPhase::kSendAndReceive, stream);
+  }
+  buffer.synchronize(stream, "low_latency_combine");
+  const auto out = to_host<uint16_t>(d_out, size_t(T) * H);
+
+  std::vector<ref::LowLatencyCombineInput> in(R), in_abs(R);
+  for (int r = 0; r < R; ++r) {
+    in[r].expert_x.resize(L);
+    in_abs[r].expert_x.resize(L);
+    for (int l = 0; l < L; ++l) {
+      const auto& rows = refs[r].experts[l];
+      for (size_t i = 0; i < rows.src_token.size(); ++i) {
+        const uint16_t* source = &all[rows.src_rank[i]].x[size_t(rows.src_token[i]) * H];
+        for (int h = 0; h < H; ++h) {
+          const uint16_t v = expert_output(source, h, r * L + l);
+          in[r].expert_x[l].push_back(v);
+          in_abs[r].expert_x[l].push_back(v & 0x7fff);
+        }
+      }
+    }
+    in[r].topk_idx = in_abs[r].topk_idx = all[r].topk_idx;
+    in[r].topk_weights = in_abs[r].topk_weights = weights[r];  // >= 0 already
+  }
+  const auto combined = ref::low_latency_combine(in, refs, params)[rank];
+  const auto magnitude = ref::low_latency_combine(in_abs, refs, params)[rank];
+  // Tolerance (see tests/gpu/low_latency_cases.py): half a bf16 ulp of the
+  // result, fp32 accumulation 2^-18 * S (S = sum |w * x|), and with pre-reduced
+  // combine one bf16 rounding per rank partial, at most 2^-8 * S in all.
+  for (size_t i = 0; i < combined.size(); ++i) {
+    const double got = ref::bf16_to_float(out[i]), expected = combined[i];
+    int e = 0;
+    std::frexp(std::max(std::fabs(got), std::fabs(expected)), &e);
+    const double tol =
+        std::ldexp(1.0, e - 9) + magnitude[i] * (std::ldexp(1.0, -18) + (c.weights_at_dispatch ? 1.0 / 256 : 0.0));
+    EXPECT(std::fabs(got - expected) <= tol, "combined_x[%zu, %zu] = %.9g, reference %.9g (tolerance %.3g)", i / H,
+           i % H, got, expected, tol);
+  }
+  return 0;
+}
+
+// A Buffer of its own with low_latency_mode (collective), sized for the
+// largest case, then each case's dispatch and combine.
+int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
+  const LowLatencyCase cases[] = {
+      {16, 1024, 4, 4, false, false, false},
+      {16, 1024, 4, 4, true, true, true},
+      {8, 512, 8, 9, true, false, false},
+  };
+  turnout::BufferOptions options;
+  options.low_latency_mode = true;
+  for (const auto& c : cases)
+    options.num_rdma_bytes =
+        std::max(options.num_rdma_bytes, turnout::low_latency_required_bytes(c.max_tokens, c.hidden, num_ranks, 16));
+  turnout::Buffer buffer(bootstrap, options);
+  EXPECT(buffer.num_low_latency_bytes() >= options.num_rdma_bytes, "num_low_latency_bytes() = %zu, asked for %zu",
+         buffer.num_low_latency_bytes(), options.num_rdma_bytes);
+  cudaStream_t stream = buffer.comm_stream();
+  for (const auto& c : cases) {
+    if (check_low_latency_case(buffer, rank, stream, c)) {
+      std::fprintf(stderr, "rank %d: low-latency case M=%d hidden=%d experts/rank=%d top-%d fp8=%d failed\n", rank,
+                   c.max_tokens, c.hidden, c.experts_per_rank, c.num_topk, c.use_fp8);
+      return 1;
+    }
+  }
+  buffer.destroy();
+  return 0;
+}
+
 int run_rank(int rank, int num_ranks, uint16_t port) {
   try {
     // Ranks go round-robin over the visible GPUs; several may share one.
@@ -239,6 +506,7 @@ int run_rank(int rank, int num_ranks, uint16_t port) {
         check_intranode(buffer, rank, num_ranks, stream, Input::kGood))
       return 1;
     buffer.destroy();
+    if (check_low_latency(bootstrap, rank, num_ranks)) return 1;
     std::printf("rank %d: ok\n", rank);
     return 0;
   } catch (const std::exception& e) {

@@ -268,20 +268,34 @@ def check_dispatch(out, ref, case: LLCase, n: int, what: str, device) -> Canonic
     return canon
 
 
+def dispatch_snapshot(out, case: LLCase, what: str, device):
+    """(host copies of a dispatch result in canonical order, the order): what
+    stays to compare once the result's memory may be reused."""
+    canon = canonical(out[2], out[1], what)
+    le, row = canon.index(device)
+    snap = dict(recv_count=canon.recv_count.copy(), layout_counts=canon.layout_range & 0xFFFFFFFF,
+                src_rank=canon.src_rank, src_token=canon.src_token)
+    if case.use_fp8:
+        snap["e4m3 rows"] = out[0][0].view(torch.uint8)[le, row].cpu().numpy()
+        snap["scales"] = out[0][1][le, row].view(torch.int32).cpu().numpy()
+    else:
+        snap["bf16 rows"] = out[0][le, row].view(torch.int16).cpu().numpy()
+    return snap, canon
+
+
+def assert_same_snapshot(got: dict, want: dict, what: str) -> None:
+    assert got.keys() == want.keys(), f"{what}: {sorted(got)} != {sorted(want)}"
+    for key in want:
+        assert_equal(got[key], want[key], f"{what}: {key}")
+
+
 def same_dispatch(a, b, case: LLCase, what: str, device) -> Canonical:
     """Two dispatch results of the same inputs hold the same rows (bitwise, in
     canonical order; each may order rows inside a source group its own way)."""
-    ca, cb = canonical(a[2], a[1], what + " (first)"), canonical(b[2], b[1], what + " (second)")
-    assert_equal(cb.recv_count, ca.recv_count, f"{what}: recv_count")
-    assert_equal(cb.layout_range & 0xFFFFFFFF, ca.layout_range & 0xFFFFFFFF, f"{what}: layout_range counts")
-    assert_equal(cb.src_token, ca.src_token, f"{what}: src_info")
-    ia, ib = ca.index(device), cb.index(device)
-    if case.use_fp8:
-        assert_equal(b[0][0].view(torch.uint8)[ib], a[0][0].view(torch.uint8)[ia].cpu(), f"{what}: e4m3 rows")
-        assert_equal(b[0][1][ib].view(torch.int32), a[0][1][ia].view(torch.int32).cpu(), f"{what}: scales")
-    else:
-        assert_equal(b[0][ib].view(torch.int16), a[0][ia].view(torch.int16).cpu(), f"{what}: bf16 rows")
-    return cb
+    want, _ = dispatch_snapshot(a, case, what + " (first)", device)
+    got, canon = dispatch_snapshot(b, case, what + " (second)", device)
+    assert_same_snapshot(got, want, what)
+    return canon
 
 
 def check_stats(before: torch.Tensor, after: torch.Tensor, elapsed_s: float, what: str) -> None:
