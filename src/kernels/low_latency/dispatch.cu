@@ -294,6 +294,8 @@ __device__ __forceinline__ void send_signals(const DispatchParams& p, const Nvli
     const int d = threadIdx.x;
     *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, num_tokens))) = p.args.num_tokens;
     *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, error))) = error;
+    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, has_weights))) =
+        p.args.topk_weights != nullptr || p.args.num_tokens == 0;
   }
   tr.fence();
   __syncthreads();
@@ -322,12 +324,12 @@ __global__ void __launch_bounds__(kSendThreads, 1) low_latency_dispatch_send_ker
 // ---------------------------------------------------------------------------
 // Receive
 
-__device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32_t failed) {
+__device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32_t failed, int32_t has_weights) {
   const LowLatencyDispatchArgs& a = p.args;
   auto* h = reinterpret_cast<PlanHeader*>(static_cast<char*>(a.plan) + p.plan.header);
   h->num_tokens = a.num_tokens;
   h->num_topk = a.num_topk;
-  h->has_weights = a.topk_weights != nullptr ? 1 : 0;
+  h->has_weights = has_weights;
   h->num_max_tokens = a.num_max_tokens;
   h->hidden = a.hidden;
   h->num_experts = a.num_experts;
@@ -338,7 +340,8 @@ __device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32
 // Thread s < R waits for source s's flag, then notes its token count and
 // error. Returns false on a timeout (recorded).
 __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const FixedArea* fixed, uint32_t seq,
-                                                int parity, int32_t* source_tokens, uint32_t* failed_sources) {
+                                                int parity, int32_t* source_tokens, uint32_t* failed_sources,
+                                                uint32_t* weightless_sources) {
   const int s = threadIdx.x;
   if (s >= p.group.num_ranks) return true;
   const DispatchSignal& signal = fixed->dispatch[parity][s];
@@ -350,6 +353,7 @@ __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const F
     p.args.wait_recv_cost_stats[s] += static_cast<int64_t>(device::global_timer_ns() - start);
   source_tokens[s] = min(max(__ldcg(&signal.num_tokens), 0), p.args.num_max_tokens);
   if (__ldcg(&signal.error) != 0) atomicOr(failed_sources, 1u << s);
+  if (__ldcg(&signal.has_weights) == 0) atomicOr(weightless_sources, 1u << s);
   return true;
 }
 
@@ -401,7 +405,7 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, 
 // The outputs of one number per expert or pair, and the plan's header and
 // source token counts: spread over the threads of the grid.
 __device__ __forceinline__ void write_counts(const DispatchParams& p, const int32_t* first_row,
-                                             const int32_t* source_tokens) {
+                                             const int32_t* source_tokens, int32_t has_weights) {
   const LowLatencyDispatchArgs& a = p.args;
   const int R = p.group.num_ranks, E = a.num_experts;
   const int threads = static_cast<int>(gridDim.x) * kRecvThreads;
@@ -420,7 +424,7 @@ __device__ __forceinline__ void write_counts(const DispatchParams& p, const int3
     }
   }
   if (id < R) reinterpret_cast<int32_t*>(plan + p.plan.source_tokens)[id] = source_tokens[id];
-  if (id == 0) write_plan_header(p, 0);
+  if (id == 0) write_plan_header(p, 0, has_weights);
 }
 
 // A slot holds a message of this call for token t.
@@ -622,18 +626,19 @@ __global__ void __launch_bounds__(kRecvThreads, 1) low_latency_dispatch_recv_ker
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kRecvWarps];
   __shared__ int32_t source_tokens[kMaxRanks];
-  __shared__ uint32_t failed_sources;
-  if (threadIdx.x == 0) failed_sources = 0;
+  __shared__ uint32_t failed_sources, weightless_sources;
+  if (threadIdx.x == 0) failed_sources = weightless_sources = 0;
   const NvlinkTransport tr = block_transport(p.group, table);
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const uint32_t seq = call_number(&fixed->local.dispatch_recv);
   const int parity = static_cast<int>(seq & 1);
-  const bool all_came = __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources));
+  const bool all_came =
+      __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources, &weightless_sources));
   const uint32_t failed = failed_sources;
   if (all_came && failed == 0) {
     scan_counts(fixed, parity, p.group.num_ranks, p.args.num_experts, p.args.num_max_tokens, first_row, warp_sums);
-    write_counts(p, first_row, source_tokens);
+    write_counts(p, first_row, source_tokens, weightless_sources == 0);
     write_token_entries(p, local, seq, parity, source_tokens);
     place_rows(p, local, seq, parity, first_row, source_tokens);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -644,7 +649,7 @@ __global__ void __launch_bounds__(kRecvThreads, 1) low_latency_dispatch_recv_ker
       device::record_error(p.group.wait.errors, DeviceErrorCode::kPeerInputError, p.group.wait.rank,
                            p.group.wait.first_nvl_rank + __ffs(static_cast<int>(peers)) - 1,
                            static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
-    write_plan_header(p, 1);
+    write_plan_header(p, 1, 0);
   }
   finish_call(&fixed->local.dispatch_recv, seq, [] {});
 }

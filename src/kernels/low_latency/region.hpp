@@ -52,7 +52,9 @@ struct DispatchSignal {
   uint32_t flag;       // the call's sequence number
   int32_t num_tokens;  // T of rank s
   int32_t error;       // nonzero: rank s had a bad input; no destination places anything
-  int32_t pad;
+  // Rank s gave weights to dispatch (or had no tokens): combine is pre-reduced
+  // only if every rank says so, so all ranks agree on its mode.
+  int32_t has_weights;
   int32_t count[kMaxLocalExperts];  // tokens s sends to each of the destination's experts
 };
 
@@ -150,7 +152,7 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
 struct PlanHeader {
   int32_t num_tokens;  // T of this rank's dispatch
   int32_t num_topk;
-  int32_t has_weights;  // the dispatch had weights: combine is pre-reduced
+  int32_t has_weights;  // every rank's dispatch had weights (or no tokens): combine is pre-reduced
   int32_t num_max_tokens;
   int32_t hidden;
   int32_t num_experts;
