@@ -104,7 +104,6 @@ def bad_dispatch_calls(buf, case: LLCase, n: int, x, topk_idx, weights, dev):
         ("dispatch_wait_recv_cost_stats int32",
          call(dispatch_wait_recv_cost_stats=torch.zeros(n, dtype=torch.int32, device=dev)),
          ("dispatch_wait_recv_cost_stats",)),
-        ("an argument of a DeepEP fork", call(x_global_scale=torch.ones(1, device=dev)), ("x_global_scale",)),
     ]
 
 
@@ -120,6 +119,12 @@ def test_bad_arguments_raise_and_the_buffer_goes_on(ctx):
         for what, call, words in bad_dispatch_calls(buf, CASE, n, x, topk_idx, weights, dev):
             raises_naming(f"n={n} dispatch: {what}", call, *words)
             round_trip(ctx, buf, CASE, n, f"n={n} after dispatch with {what}")
+        # The arguments of DeepEP forks are not ours: TypeError naming them.
+        for name, value in (("x_global_scale", torch.ones(1, device=dev)), ("use_nvfp4", True)):
+            raises_naming(f"n={n} dispatch: {name} (a DeepEP fork's)",
+                          lambda: buf.low_latency_dispatch(x, topk_idx, CASE.max_tokens, CASE.experts, use_fp8=False,
+                                                           **{name: value}), name, kinds=(TypeError,))
+        round_trip(ctx, buf, CASE, n, f"n={n} after a DeepEP fork's arguments")
 
         # Unsupported hidden sizes.
         for what, hidden, fp8, words in (("hidden 2880 with use_fp8", 2880, True, ("hidden",)),
