@@ -77,4 +77,5 @@ NB_MODULE(_C, m) {
   bindings::BufferClass buffer = bindings::bind_buffer(m);
   bindings::bind_layout(buffer);
   bindings::bind_intranode(buffer);
+  bindings::bind_low_latency(m, buffer);
 }

@@ -10,10 +10,11 @@ from .buffer import Buffer
 from .checks import TOPK_IDX_DTYPE
 from .event import EventOverlap
 from .ops.handle import DispatchHandle
+from .ops.low_latency import LowLatencyHandle
 
 Config = _C.Config
 
 # The dtype of expert indices (``topk_idx``) every op takes.
 topk_idx_t: torch.dtype = TOPK_IDX_DTYPE
 
-__all__ = ["Buffer", "Config", "DispatchHandle", "EventOverlap", "topk_idx_t"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventOverlap", "LowLatencyHandle", "topk_idx_t"]

@@ -8,7 +8,7 @@ import torch
 from . import _C, bootstrap
 from .checks import check_config, check_int, fail
 from .event import EventOverlap
-from .ops import intranode, layout
+from .ops import intranode, layout, low_latency
 from .ops.context import OpContext, require_alive
 
 
@@ -19,6 +19,11 @@ class Buffer:
     Buffer at the same time. ``timeout_s`` (ours) bounds every wait for a peer;
     default ``TURNOUT_TIMEOUT_S`` or 100 s. ``nvl_domain_size`` (ours) declares
     NVL domains smaller than a host.
+
+    ``low_latency_mode=True`` adds the low-latency region, ``num_rdma_bytes``
+    bytes of it (from ``get_low_latency_rdma_size_hint``); it runs over NVLink
+    within one host, so ``num_qps_per_rank`` and
+    ``allow_nvlink_for_low_latency_mode`` change nothing.
     """
 
     #: SMs the normal kernels use by default (``set_num_sms`` changes it).
@@ -40,11 +45,14 @@ class Buffer:
         check_int(op, "nvl_domain_size", nvl_domain_size, 0)
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             fail(op, "timeout_s", "a positive number of seconds", timeout_s)
-        if low_latency_mode:
-            raise NotImplementedError("Buffer: low_latency_mode=True is not available in this version of turnout")
-        if num_rdma_bytes > 0:
-            raise NotImplementedError("Buffer: num_rdma_bytes > 0 (internode buffer) is not available in this "
-                                      "version of turnout; pass num_rdma_bytes=0")
+        # num_rdma_bytes sizes the low-latency region; without low_latency_mode it
+        # would be an internode buffer, which this version does not have.
+        if low_latency_mode and num_rdma_bytes == 0:
+            fail(op, "num_rdma_bytes", "> 0 with low_latency_mode=True (size it with "
+                 "Buffer.get_low_latency_rdma_size_hint)", 0)
+        if num_rdma_bytes > 0 and not low_latency_mode:
+            raise NotImplementedError("Buffer: num_rdma_bytes > 0 without low_latency_mode (an internode buffer) is "
+                                      "not available in this version of turnout; pass num_rdma_bytes=0")
         if enable_shrink:
             raise NotImplementedError("Buffer: enable_shrink=True is not available in this version of turnout")
         if use_fabric:
@@ -62,6 +70,8 @@ class Buffer:
                                  low_latency_mode=low_latency_mode, timeout_s=float(timeout_s or 0.0),
                                  nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream)
         self._context = OpContext(self._native, device, size, self._comm_stream)
+        if low_latency_mode:
+            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw)
         self.rank = rank
         self.group_size = size
         self.group = group
@@ -79,6 +89,8 @@ class Buffer:
             raise RuntimeError("Buffer.destroy: this buffer was created with explicitly_destroy=False; its "
                                "resources are released when it is collected")
         self._native.destroy()
+        if self._context.low_latency is not None:
+            self._context.low_latency.release()
 
     def check_errors(self) -> None:
         """Raises the error a kernel of this buffer recorded since the last one
@@ -206,6 +218,54 @@ class Buffer:
         config = self._config("combine", config, Buffer.get_combine_config)
         return intranode.combine(self._context, x, handle, topk_weights, bias, config, previous_event, async_finish,
                                  allocate_on_comm_stream)
+
+    # -- low-latency mode ---------------------------------------------------------------------------------------
+    # DeepEP's signatures: an argument of a DeepEP fork (use_nvfp4, x_global_scale,
+    # overlap signals, ...) is a TypeError that names it, Python's own.
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False, *, topk_weights: Optional[torch.Tensor] = None):
+        """Sends each token of ``x`` ([T, H] bf16, T <= num_max_dispatch_tokens_per_rank)
+        to the ranks of its experts. Returns ``(recv_x, recv_count, handle, event, hook)``:
+        ``recv_x`` [L, M*R, H] per local expert (with ``use_fp8`` a tuple of e4m3 data
+        and column-major scales), ``recv_count`` [L] int32 valid rows, the
+        :class:`LowLatencyHandle` for combine.
+
+        The outputs belong to the buffer and are reused by the second later
+        dispatch of the same shape (double buffering). ``topk_weights`` (ours,
+        [T, K] float32): the expert ranks then sum a token's weighted rows
+        before sending them back, and combine reads no weights. With
+        ``return_recv_hook`` only the send runs; ``hook()`` launches the
+        receive on the stream current then.
+        """
+        return low_latency.dispatch(self._context, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                                    cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
+                                    round_scale, use_ue8m0, async_finish, return_recv_hook, topk_weights)
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle,
+                            use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        """Sends the expert outputs ``x`` ([L, M*R, H] bf16, in dispatch's rows) back
+        and sums them per token, weighted by ``topk_weights`` (fp32, k ascending:
+        deterministic). Returns ``(combined_x [T, H] bf16, event, hook)``;
+        ``combined_x`` is ``out`` when given, else a new tensor. ``zero_copy``: the
+        rows were written into :meth:`get_next_low_latency_combine_buffer`.
+        ``use_logfmt``: rows cross as e4m3 with a scale per 128 channels (lossy)."""
+        return low_latency.combine(self._context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
+                                   async_finish, return_recv_hook, out, combine_wait_recv_cost_stats)
+
+    def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
+        """The [L, M*R, H] bf16 tensor a ``zero_copy`` combine of ``handle`` sends from."""
+        return low_latency.get_next_combine_buffer(self._context, handle)
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective: resets the low-latency region (after a failed call, or
+        normal-mode use of the same buffer). Every rank calls it."""
+        low_latency.clean(self._context, num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------
 

@@ -80,6 +80,12 @@ InvalidArgument input_error(const char* op, const DeviceErrorRecord& rec) {
                                   ? "its outputs are not usable, and the next dispatch moves nothing on any rank"
                                   : "nothing was dispatched"));
     case DeviceErrorCode::kBadHandle:
+      if (static_cast<OpKind>(rec.op) == OpKind::kLowLatencyCombine)
+        return InvalidArgument(prefix + "handle does not fit: " +
+                               (rec.detail == 2 ? std::string("it comes from a low_latency_dispatch that failed")
+                                                : std::string("its dispatch had another shape (tokens, top-k, hidden, "
+                                                              "num_max_dispatch_tokens_per_rank or num_experts)")) +
+                               "; nothing was combined");
       return InvalidArgument(prefix + "handle does not fit: " +
                              (rec.detail == 2 ? std::string("it comes from a dispatch that failed")
                                               : "its rank_prefix_matrix counts " + std::to_string(rec.value) +

@@ -11,7 +11,8 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 def test_public_names():
-    assert {"Buffer", "Config", "DispatchHandle", "EventOverlap", "topk_idx_t"} <= set(turnout.__all__)
+    assert {"Buffer", "Config", "DispatchHandle", "EventOverlap", "LowLatencyHandle",
+            "topk_idx_t"} <= set(turnout.__all__)
     assert topk_idx_t is torch.int64
     assert Config is turnout._C.Config
 
@@ -45,9 +46,7 @@ def test_buffer_needs_a_group_or_comm():
 
 def test_unsupported_modes_raise_before_any_gpu_use():
     # object() is no process group: these must fail on the arguments alone.
-    with pytest.raises(NotImplementedError, match="low_latency_mode"):
-        Buffer(object(), low_latency_mode=True)
-    with pytest.raises(NotImplementedError, match="num_rdma_bytes"):
+    with pytest.raises(NotImplementedError, match="num_rdma_bytes > 0 without low_latency_mode"):
         Buffer(object(), num_rdma_bytes=1 << 20)
     with pytest.raises(NotImplementedError, match="enable_shrink"):
         Buffer(object(), enable_shrink=True)
@@ -62,6 +61,8 @@ def test_bad_sizes_raise_naming_the_argument():
         Buffer(object(), num_rdma_bytes=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         Buffer(object(), timeout_s=0)
+    with pytest.raises(ValueError, match="num_rdma_bytes must be > 0 with low_latency_mode=True"):
+        Buffer(object(), low_latency_mode=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

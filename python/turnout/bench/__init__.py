@@ -3,8 +3,14 @@
 Each subcommand is a module of this package with the same name that provides
 ``TITLE`` (a line above its table), ``COLUMNS`` (see ``report.column``),
 ``run(num_ranks, quick) -> rows`` and, optionally, ``plot_series(rows)`` for the
-PNG. Adding one is a module plus an entry below.
+PNG (one panel, or a list of panels each with its ``title``) and ``title(rows)``
+for a title that depends on the run. Adding one is a module plus an entry below.
 """
 
 #: The subcommands, in the order a plain ``python -m turnout.bench`` runs them.
-SUBCOMMANDS = ("ceiling", "layout", "intranode")
+SUBCOMMANDS = ("ceiling", "layout", "intranode", "low_latency")
+
+#: The subcommands that take shape options (``--tokens`` and so on), each with
+#: its defaults: its protocol's shape. ``run`` gets them as keyword arguments;
+#: the other subcommands keep their fixed shape.
+SHAPE_OPTIONS = {"low_latency": {"tokens": 128, "hidden": 7168, "experts": 288, "topk": 8}}

@@ -1,13 +1,27 @@
 """The command line: ``python -m turnout.bench [SUBCOMMAND ...] [--ranks N]
-[--json PATH] [--quick]``."""
+[--json PATH] [--quick] [--tokens N] [--hidden N] [--experts N] [--topk N]``."""
 import argparse
 import importlib
 import os
 import sys
 import traceback
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from . import SUBCOMMANDS, report
+from . import SHAPE_OPTIONS, SUBCOMMANDS, report
+
+SHAPE_HELP = {"tokens": "tokens per rank", "hidden": "hidden size", "experts": "number of experts",
+              "topk": "experts per token"}
+
+
+def shape_options() -> List[str]:
+    """Every shape option some subcommand takes, each once."""
+    return list(dict.fromkeys(option for values in SHAPE_OPTIONS.values() for option in values))
+
+
+def shape_for(name: str, args: argparse.Namespace) -> Dict[str, int]:
+    """The shape keyword arguments of subcommand ``name``: given or default."""
+    return {option: default if getattr(args, option) is None else getattr(args, option)
+            for option, default in SHAPE_OPTIONS.get(name, {}).items()}
 
 
 def positive_int(text: str) -> int:
@@ -33,12 +47,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", default="bench-results.json", metavar="PATH",
                         help="where to write the results (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sizes, for a smoke run")
+    shape = parser.add_argument_group(f"shape (only {', '.join(SHAPE_OPTIONS)}; the others keep their protocol's)")
+    for option in shape_options():
+        defaults = ", ".join(f"{name} {values[option]}" for name, values in SHAPE_OPTIONS.items() if option in values)
+        shape.add_argument(f"--{option}", type=positive_int, default=None, metavar="N",
+                           help=f"{SHAPE_HELP[option]} (default: {defaults})")
     args = parser.parse_args(argv)
     unknown = [name for name in args.subcommands if name not in SUBCOMMANDS]
     if unknown:
         parser.error(f"unknown subcommand(s) {', '.join(unknown)}; choose from {', '.join(SUBCOMMANDS)}")
     # Given order, each once; none given means all.
     args.subcommands = list(dict.fromkeys(args.subcommands)) or list(SUBCOMMANDS)
+    # A shape option that no subcommand of the run reads would be a silent no-op.
+    for option in shape_options():
+        takers = [name for name, values in SHAPE_OPTIONS.items() if option in values]
+        if getattr(args, option) is not None and not set(takers) & set(args.subcommands):
+            parser.error(f"--{option} is read by {', '.join(takers)} only, which this run does not include")
     return args
 
 
@@ -54,18 +78,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name in args.subcommands:
         try:
             module = importlib.import_module(f"{__package__}.{name}")
-            rows = module.run(num_ranks, args.quick)
+            rows = module.run(num_ranks, args.quick, **shape_for(name, args))
         except Exception:
             # One failing subcommand should not cost the others' results.
             errors[name] = traceback.format_exc()
             print(f"{name} failed:\n{errors[name]}", file=sys.stderr)
             continue
         results[name] = rows
-        print(module.TITLE)
+        print(module.title(rows) if hasattr(module, "title") else module.TITLE)
         print(report.format_table(rows, module.COLUMNS))
         print()
         if hasattr(module, "plot_series") and rows:
-            panels[name] = module.plot_series(rows)
+            series = module.plot_series(rows)
+            for panel in series if isinstance(series, list) else [series]:
+                panels[panel.get("title", name)] = panel
     png = os.path.splitext(args.json)[0] + ".png"
     if report.plot(panels, png, report.SHARED_NOTE.format(**machine) if machine["ranks_share_gpus"] else None):
         print(f"wrote {png}")

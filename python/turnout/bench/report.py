@@ -79,12 +79,14 @@ def write_json(doc: Dict, path: str) -> None:
 
 
 def plot(panels: Dict[str, Dict], path: str, note: Optional[str] = None) -> bool:
-    """One panel per subcommand from its ``plot_series`` dict (``x``, ``y``,
-    ``xlabel``, ``ylabel``, optional ``series``: ``(label, x, y)`` lines
-    instead of one, optional ``ref``: a ``(value, label)`` line);
-    ``note`` goes above the panels (ranks sharing a GPU say so there);
-    returns False, writing nothing, when matplotlib is missing or there is
-    nothing to draw."""
+    """One panel per entry, titled by its key, from a ``plot_series`` dict
+    (``x``, ``y``, ``xlabel``, ``ylabel``, optional ``series``: ``(label, x,
+    y)`` lines instead of one, optional ``ref``: a ``(value, label)`` line),
+    or bars where the dict has ``bars`` (see ``draw_bars``); optional
+    ``width`` and ``height`` in inches (5 and 4 by default; the figure takes
+    the tallest). ``note`` goes above the panels (ranks
+    sharing a GPU say so there); returns False, writing nothing, when
+    matplotlib is missing or there is nothing to draw."""
     try:
         import matplotlib
     except ImportError:
@@ -94,8 +96,15 @@ def plot(panels: Dict[str, Dict], path: str, note: Optional[str] = None) -> bool
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    # Bars with long labels ask for more room.
+    widths = [panel.get("width", 5) for panel in panels.values()]
+    height = max(panel.get("height", 4) for panel in panels.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), height), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
     for ax, (name, panel) in zip(axes[0], panels.items()):
+        if "bars" in panel:
+            draw_bars(ax, name, panel)
+            continue
         for label, xs, ys in panel.get("series", [(panel["ylabel"], panel["x"], panel.get("y"))]):
             ax.plot(xs, ys, marker="o", label=label)
         if panel.get("ref"):
@@ -116,3 +125,25 @@ def plot(panels: Dict[str, Dict], path: str, note: Optional[str] = None) -> bool
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def draw_bars(ax, title: str, panel: Dict) -> None:
+    """Grouped bars: ``categories`` along x, one bar per category for each
+    ``(label, values)`` of ``bars`` (None: no bar), ``ylabel``; optional
+    ``targets``, one value or None per category, drawn as a mark over the
+    category."""
+    categories, groups = panel["categories"], panel["bars"]
+    width = 0.8 / len(groups)
+    for g, (label, values) in enumerate(groups):
+        xs = [i - 0.4 + width * (g + 0.5) for i, v in enumerate(values) if v is not None]
+        ax.bar(xs, [v for v in values if v is not None], width, label=label)
+    targets = [(i, t) for i, t in enumerate(panel.get("targets") or []) if t is not None]
+    if targets:
+        ax.scatter([i for i, _ in targets], [t for _, t in targets], marker="_", s=900, color="black", zorder=3,
+                   label="target")
+    ax.set_title(title, fontsize="small", wrap=True)
+    ax.set_ylabel(panel["ylabel"])
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize="x-small")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")

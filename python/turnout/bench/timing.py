@@ -1,7 +1,7 @@
 """CUDA-event timing and the merge of every rank's figures, shared by the
 subcommands."""
 import statistics
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def time_each(fn: Callable[[], object], iters: int, warmup: int,
@@ -51,15 +51,50 @@ def time_graph(fn: Callable[[], object], calls: int, replays: int) -> float:
     return start.elapsed_time(end) * 1e3 / (replays * calls)
 
 
-def merge_ranks(per_rank: List[List[Dict]], key: str) -> List[Dict]:
+def time_parts(parts: Sequence[Callable[[], object]], iters: int, warmup: int,
+               before: Optional[Callable[[], object]] = None,
+               between: Optional[Callable[[], object]] = None) -> List[List[float]]:
+    """Runs ``parts`` in order ``iters`` times and times each part on its own
+    with CUDA events on the current stream (a send, then its receive hook,
+    each with its own figure); microseconds, one list per part. ``before``
+    runs ahead of every round and ``between`` between two parts of a round,
+    both outside the timed regions (warm-ups too)."""
+    import torch
+
+    def one_round(events) -> None:
+        if before is not None:
+            before()
+        for i, part in enumerate(parts):
+            if i and between is not None:
+                between()
+            if events:
+                events[i][0].record()
+            part()
+            if events:
+                events[i][1].record()
+
+    for _ in range(warmup):
+        one_round(None)
+    rounds = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in parts]
+              for _ in range(iters)]
+    for events in rounds:
+        one_round(events)
+    torch.cuda.synchronize()
+    return [[events[i][0].elapsed_time(events[i][1]) * 1e3 for events in rounds] for i in range(len(parts))]
+
+
+def merge_ranks(per_rank: List[List[Dict]], *keys: str) -> List[Dict]:
     """Every rank returns the same rows in the same order; one row per
-    measurement comes back, with ``key`` the median over ranks and
-    ``<key>_min`` / ``<key>_max`` beside it."""
+    measurement comes back, with each of ``keys`` the median over ranks and
+    ``<key>_min`` / ``<key>_max`` beside it (a key a row lacks or holds as
+    None is left as it is)."""
     merged = []
     for rows in zip(*per_rank):
-        values = [row[key] for row in rows]
         row = dict(rows[0])
-        row.update({key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values),
-                    "ranks": len(values)})
+        for key in keys:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            if values:
+                row.update({key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values)})
+        row["ranks"] = len(rows)
         merged.append(row)
     return merged

@@ -13,7 +13,7 @@ class OpContext:
     stream its ops run on. The ops see nothing else of the Buffer."""
 
     __slots__ = ("native", "device", "device_index", "num_ranks", "num_rdma_ranks", "comm_stream", "comm_raw",
-                 "handle_owner")
+                 "handle_owner", "low_latency")
 
     def __init__(self, native, device_index: int, num_ranks: int, comm_stream: torch.cuda.Stream) -> None:
         self.native = native
@@ -27,3 +27,6 @@ class OpContext:
         # Marks the handles of this buffer's dispatches; a handle holding the
         # context instead would keep the native buffer alive.
         self.handle_owner = object()
+        # The low-latency outputs and stream state (ops/low_latency.py); None
+        # on a buffer built without low_latency_mode.
+        self.low_latency = None

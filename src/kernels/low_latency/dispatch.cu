@@ -1,14 +1,670 @@
+// Low-latency dispatch. The send kernel writes each token, once per rank that
+// holds one of its experts, into the token's message slot in that rank's
+// region; its last block then gives every rank a signal: the counts per
+// expert, and the flag. The receive kernel waits for every source's flag and
+// places the messages into the rows of each local expert. No block waits for
+// another block of its grid.
+//
+// Send: a block's tokens are t = block + j * blocks. Its warps form teams,
+// one token per team at a time; with fewer tokens than warps a team has
+// several warps, so a few tokens still keep every warp loading. A team reads
+// the row once, casts it in registers (FP8), and stores it to every
+// destination; its first warp also writes the headers and counts.
+//
+// Receive: every block scans the counts of all (expert, source) pairs into
+// row offsets. The received rows, numbered flat in (expert, source, token)
+// order, are split evenly over every warp of the grid; a warp finds its rows
+// by scanning the source's message headers, 32 slots a step.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/error_record.cuh"
+#include "kernels/device/fp8_cast.cuh"
+#include "kernels/device/memory_order.cuh"
+#include "kernels/device/vector_copy.cuh"
+#include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
+#include "kernels/low_latency/transport.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels::low_latency {
+namespace {
 
-void launch_dispatch_send(const LowLatencyDispatchArgs&, const Region&, const Group&, cudaStream_t) {
-  throw NotSupported("low_latency_dispatch: not available in this version of turnout");
+// Send: many warps, so that a few tokens still spread over a block.
+constexpr int kSendThreads = 512;
+constexpr int kSendWarps = kSendThreads / 32;
+// Receive: fewer warps with more registers each. Bytes in flight per SM are
+// the same as twice the warps with half the words, but one warp moves an FP8
+// row of 7168 in one pass.
+constexpr int kRecvThreads = 256;
+constexpr int kRecvWarps = kRecvThreads / 32;
+constexpr int kHeaderWords = sizeof(MessageHeader) / 16;
+// Send: a warp takes a row in units of 64 words (512 channels, four scale
+// groups), two words a lane, and loads this many units before it stores.
+constexpr int kUnitWords = 64;
+constexpr int kUnitsPerPass = 4;
+// Receive: 16-byte words a lane has in flight while copying a row (one pass
+// for an FP8 row of 7168).
+constexpr int kCopyWords = 16;
+// Receive: 32-slot steps of a header scan whose loads go out together.
+constexpr int kScanSteps = 4;
+
+static_assert(sizeof(MessageHeader) % 16 == 0);
+static_assert(offsetof(FixedArea, dispatch) % 16 == 0 && sizeof(DispatchSignal) % 16 == 0 &&
+                  offsetof(DispatchSignal, count) % 16 == 0,
+              "signal counts move in 16-byte words");
+// The count scan: (expert, source) pairs a thread.
+constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kRecvThreads - 1) / kRecvThreads;
+static_assert(kLowLatencyMaxHidden / kGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
+static_assert(kMaxRanks <= 32);
+
+struct DispatchParams {
+  LowLatencyDispatchArgs args;
+  Region region;
+  Group group;
+  Plan plan;
+};
+
+// Where source `source`'s signal of parity `parity` lies in a region.
+__host__ __device__ constexpr int64_t signal_offset(int parity, int source) {
+  return static_cast<int64_t>(offsetof(FixedArea, dispatch)) +
+         (static_cast<int64_t>(parity) * kMaxRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
 }
 
-void launch_dispatch_recv(const LowLatencyDispatchArgs&, const Region&, const Group&, cudaStream_t) {
-  throw NotSupported("low_latency_dispatch: not available in this version of turnout");
+// The peers' regions, read once per block into shared memory: every put looks
+// its peer up there instead of in global memory.
+__device__ __forceinline__ NvlinkTransport block_transport(const Group& group, void** table) {
+  if (threadIdx.x < group.num_ranks) table[threadIdx.x] = group.regions[threadIdx.x];
+  __syncthreads();
+  return {table, group.rank};
+}
+
+// ---------------------------------------------------------------------------
+// Send
+
+// One token per team at a time: as many teams as the block has tokens (a
+// power of two, at most one a warp).
+struct Teams {
+  int count;  // divides kSendWarps
+  int warps;  // per team
+};
+
+__device__ __forceinline__ Teams token_teams(int num_tokens) {
+  const int blocks = static_cast<int>(gridDim.x);
+  const int per_block = (num_tokens + blocks - 1) / blocks;
+  int count = 1;
+  while (count < per_block && count < kSendWarps) count *= 2;
+  return {count, kSendWarps / count};
+}
+
+// What one warp loads of a bf16 row before it stores: units first, first +
+// stride, ..., words unit * 64 + lane (lo) and + 32 (hi) of each; zeros past
+// the row.
+struct RowPass {
+  int4 lo[kUnitsPerPass];
+  int4 hi[kUnitsPerPass];
+};
+
+__device__ __forceinline__ RowPass load_pass(const int4* row, int n16, int first, int stride, int lane) {
+  RowPass pass;
+#pragma unroll
+  for (int u = 0; u < kUnitsPerPass; ++u) {
+    const int w = (first + u * stride) * kUnitWords + lane;
+    pass.lo[u] = w < n16 ? device::load_input_16(row + w) : make_int4(0, 0, 0, 0);
+    pass.hi[u] = w + 32 < n16 ? device::load_input_16(row + w + 32) : make_int4(0, 0, 0, 0);
+  }
+  return pass;
+}
+
+__device__ __forceinline__ void put_bf16_pass(const NvlinkTransport& tr, unsigned dests, int64_t payload,
+                                              const RowPass& pass, int n16, int first, int stride, int lane) {
+  for (unsigned m = dests; m; m &= m - 1) {
+    const int d = __ffs(m) - 1;
+#pragma unroll
+    for (int u = 0; u < kUnitsPerPass; ++u) {
+      const int w = (first + u * stride) * kUnitWords + lane;
+      if (w < n16) tr.put_16(d, payload + 16 * static_cast<int64_t>(w), pass.lo[u]);
+      if (w + 32 < n16) tr.put_16(d, payload + 16 * static_cast<int64_t>(w + 32), pass.hi[u]);
+    }
+  }
+}
+
+// A unit's four scale groups are lo lanes 0-15, lo 16-31, hi 0-15, hi 16-31.
+// Its e4m3 bytes (512) go out as one 16-byte word a lane: a lane swaps half
+// its bytes with its neighbour, so even lanes hold lo words lane, lane + 1 and
+// odd lanes hi words lane - 1, lane. Lane 0 stores the unit's four scales
+// (zeros past the row's groups).
+__device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned dests, int64_t payload,
+                                             const RowPass& pass, int hidden, bool round_scale, int first, int stride,
+                                             int lane) {
+  const int n16 = hidden / 8, num_groups = hidden / kGroup;
+  const bool odd = lane & 1;
+  int4 bytes[kUnitsPerPass];
+  int4 scales[kUnitsPerPass];
+#pragma unroll
+  for (int u = 0; u < kUnitsPerPass; ++u) {
+    const device::Fp8Scale lo =
+        device::fp8_scale(device::group_max<16>(device::abs_max_bf16x8(pass.lo[u])), round_scale);
+    const device::Fp8Scale hi =
+        device::fp8_scale(device::group_max<16>(device::abs_max_bf16x8(pass.hi[u])), round_scale);
+    const uint2 q_lo = device::bf16x8_to_e4m3(pass.lo[u], lo.inv);
+    const uint2 q_hi = device::bf16x8_to_e4m3(pass.hi[u], hi.inv);
+    const uint2 give = odd ? q_lo : q_hi;
+    const uint2 got = make_uint2(__shfl_xor_sync(~0u, give.x, 1), __shfl_xor_sync(~0u, give.y, 1));
+    const uint2 first_half = odd ? got : q_lo, second_half = odd ? q_hi : got;
+    bytes[u] = make_int4(static_cast<int>(first_half.x), static_cast<int>(first_half.y),
+                         static_cast<int>(second_half.x), static_cast<int>(second_half.y));
+    const float s1 = __shfl_sync(~0u, lo.scale, 16), s3 = __shfl_sync(~0u, hi.scale, 16);
+    const int g = (first + u * stride) * 4;
+    scales[u] =
+        make_int4(__float_as_int(lo.scale), __float_as_int(g + 1 < num_groups ? s1 : 0.0f),
+                  __float_as_int(g + 2 < num_groups ? hi.scale : 0.0f), __float_as_int(g + 3 < num_groups ? s3 : 0.0f));
+  }
+  for (unsigned m = dests; m; m &= m - 1) {
+    const int d = __ffs(m) - 1;
+#pragma unroll
+    for (int u = 0; u < kUnitsPerPass; ++u) {
+      const int unit = first + u * stride;
+      // A group is 16 words, so both words of a lane's pair are in the row or neither.
+      if (unit * kUnitWords + (odd ? 32 : 0) + lane < n16)
+        tr.put_16(d, payload + 16 * (static_cast<int64_t>(unit) * 32 + (odd ? 16 : 0) + lane / 2), bytes[u]);
+      if (lane == 0 && unit * kUnitWords < n16)
+        tr.put_16(d, payload + hidden + 16 * static_cast<int64_t>(unit), scales[u]);
+    }
+  }
+}
+
+// Out of line: the rare path stays out of the token loop.
+__device__ __noinline__ void report_invalid_expert(DeviceErrorSlot errors, int rank, int32_t* error_flag, int token,
+                                                   int slot, int64_t expert) {
+  device::record_error(errors, DeviceErrorCode::kInvalidExpert, rank, slot, 0, token, expert);
+  *static_cast<volatile int32_t*>(error_flag) = 1;
+}
+
+// The first warp of a team: each destination's header, built in this warp's
+// shared memory (lane k fills the entry of top-k slot k when k is the first
+// slot naming its expert) and put as eight 16-byte words; and the count of
+// each distinct expert.
+__device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHeader* headers, LocalState* state,
+                                            uint32_t seq, int token, int64_t slot, int expert, float weight,
+                                            int num_topk, int experts_per_rank, unsigned dests, int lane) {
+  const unsigned below = (1u << lane) - 1;
+  const bool named = expert >= 0;
+  const unsigned same = __match_any_sync(~0u, named ? expert : -1 - lane);
+  const bool first = named && (same & below) == 0;
+  // A repeated expert weighs the sum of its slots' weights, k ascending.
+  float sum = weight;
+  if (__any_sync(~0u, named && same != 1u << lane)) {
+    for (int k = 0; k < num_topk; ++k) {
+      const float w = __shfl_sync(~0u, weight, k);
+      if (first && k > lane && (same >> k & 1)) sum += w;
+    }
+  }
+  const int dst = named ? expert / experts_per_rank : 0;
+  const unsigned peers = __match_any_sync(~0u, first ? dst : -1 - lane);
+  if (first) {
+    MessageHeader& h = headers[dst];
+    const int j = __popc(peers & below);
+    h.local_expert[j] = static_cast<int16_t>(expert - dst * experts_per_rank);
+    h.topk_slot[j] = static_cast<uint8_t>(lane);
+    h.weight[j] = sum;
+    if (j == 0) {
+      h.seq = seq;
+      h.token = token;
+      h.num_entries = __popc(peers);
+      h.pad = 0;
+    }
+    atomicAdd(&state->expert_count[expert], 1);
+  }
+  __syncwarp();
+  for (int i = lane; i < kMaxRanks * kHeaderWords; i += 32) {
+    const int d = i / kHeaderWords, w = i % kHeaderWords;
+    if (dests >> d & 1) tr.put_16(d, slot + 16 * w, reinterpret_cast<const int4*>(&headers[d])[w]);
+  }
+  __syncwarp();  // the next token's entries overwrite these
+}
+
+// Warp `member` of a team of `team_warps` sends token t.
+__device__ __forceinline__ void send_token(const DispatchParams& p, const NvlinkTransport& tr, LocalState* state,
+                                           MessageHeader* headers, uint32_t seq, int parity, int t, int member,
+                                           int team_warps, int lane) {
+  const LowLatencyDispatchArgs& a = p.args;
+  const int K = a.num_topk, E = a.num_experts, H = a.hidden;
+  const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
+  const int4* row = reinterpret_cast<const int4*>(static_cast<const char*>(a.x) + static_cast<int64_t>(t) * H * 2);
+  int64_t id = -1;
+  float weight = 0.0f;
+  if (lane < K) {
+    id = __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane);
+    if (member == 0 && a.topk_weights != nullptr) weight = __ldg(a.topk_weights + static_cast<int64_t>(t) * K + lane);
+  }
+  // The first pass's loads go out with the top-k ones rather than after them.
+  RowPass pass = load_pass(row, n16, member, team_warps, lane);
+  const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
+  if (bad != 0) {
+    if (member == 0 && lane == __ffs(bad) - 1)
+      report_invalid_expert(p.group.wait.errors, p.group.wait.rank, &state->dispatch_input_error, t, lane, id);
+    return;
+  }
+  const int expert = static_cast<int>(id);
+  const int L = E / p.group.num_ranks;
+  const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u);
+  if (dests == 0) return;
+  const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
+  if (member == 0) put_headers(tr, headers, state, seq, t, slot, expert, weight, K, L, dests, lane);
+  const int64_t payload = slot + static_cast<int64_t>(sizeof(MessageHeader));
+  for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
+    if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
+    if (a.use_fp8)
+      put_fp8_pass(tr, dests, payload, pass, H, a.round_scale, first, team_warps, lane);
+    else
+      put_bf16_pass(tr, dests, payload, pass, n16, first, team_warps, lane);
+  }
+}
+
+// The send's closing step (last block, every thread): each rank's signal
+// fields, fenced, then its flag. The counts and the error flag are zeroed as
+// they are read, for the next call.
+__device__ __forceinline__ void send_signals(const DispatchParams& p, const NvlinkTransport& tr, LocalState* state,
+                                             uint32_t seq, int parity) {
+  const int R = p.group.num_ranks, L = p.args.num_experts / R;
+  const int words = (L + 3) / 4;
+  const int64_t signal = signal_offset(parity, p.group.rank);
+  const int32_t error = __ldcg(&state->dispatch_input_error);
+  for (int i = threadIdx.x; i < R * words; i += blockDim.x) {
+    const int d = i / words, w = i % words;
+    int32_t c[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int l = 4 * w + u;
+      c[u] = 0;
+      if (l < L) {
+        int32_t* count = &state->expert_count[d * L + l];
+        c[u] = __ldcg(count);
+        *count = 0;
+      }
+    }
+    tr.put_16(d, signal + static_cast<int64_t>(offsetof(DispatchSignal, count)) + 16 * w,
+              make_int4(c[0], c[1], c[2], c[3]));
+  }
+  if (threadIdx.x < R) {
+    const int d = threadIdx.x;
+    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, num_tokens))) = p.args.num_tokens;
+    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, error))) = error;
+  }
+  tr.fence();
+  __syncthreads();
+  if (threadIdx.x < R) tr.signal(threadIdx.x, signal + offsetof(DispatchSignal, flag), seq);
+  if (threadIdx.x == 0) state->dispatch_input_error = 0;
+}
+
+__global__ void __launch_bounds__(kSendThreads, 1) low_latency_dispatch_send_kernel(const DispatchParams p) {
+  __shared__ void* table[kMaxRanks];
+  __shared__ __align__(16) MessageHeader headers[kSendWarps][kMaxRanks];
+  const NvlinkTransport tr = block_transport(p.group, table);
+  LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
+  const uint32_t seq = call_number(&state->dispatch_send);
+  const int parity = static_cast<int>(seq & 1);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Teams teams = token_teams(p.args.num_tokens);
+  const int team = warp / teams.warps, member = warp % teams.warps;
+  for (int j = team;; j += teams.count) {
+    const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+    if (t >= p.args.num_tokens) break;
+    send_token(p, tr, state, headers[warp], seq, parity, t, member, teams.warps, lane);
+  }
+  finish_call(&state->dispatch_send, seq, [&] { send_signals(p, tr, state, seq, parity); });
+}
+
+// ---------------------------------------------------------------------------
+// Receive
+
+__device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32_t failed) {
+  const LowLatencyDispatchArgs& a = p.args;
+  auto* h = reinterpret_cast<PlanHeader*>(static_cast<char*>(a.plan) + p.plan.header);
+  h->num_tokens = a.num_tokens;
+  h->num_topk = a.num_topk;
+  h->has_weights = a.topk_weights != nullptr ? 1 : 0;
+  h->num_max_tokens = a.num_max_tokens;
+  h->hidden = a.hidden;
+  h->num_experts = a.num_experts;
+  h->num_ranks = p.group.num_ranks;
+  h->failed = failed;
+}
+
+// Thread s < R waits for source s's flag, then notes its token count and
+// error. Returns false on a timeout (recorded).
+__device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const FixedArea* fixed, uint32_t seq,
+                                                int parity, int32_t* source_tokens, uint32_t* failed_sources) {
+  const int s = threadIdx.x;
+  if (s >= p.group.num_ranks) return true;
+  const DispatchSignal& signal = fixed->dispatch[parity][s];
+  const uint64_t start = device::global_timer_ns();
+  const bool came = device::bounded_wait(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyDispatch,
+                                         [&] { return device::load_acquire_sys(&signal.flag) == seq; });
+  if (!came) return false;
+  if (blockIdx.x == 0 && p.args.wait_recv_cost_stats != nullptr)
+    p.args.wait_recv_cost_stats[s] += static_cast<int64_t>(device::global_timer_ns() - start);
+  source_tokens[s] = min(max(__ldcg(&signal.num_tokens), 0), p.args.num_max_tokens);
+  if (__ldcg(&signal.error) != 0) atomicOr(failed_sources, 1u << s);
+  return true;
+}
+
+// Exclusive prefix sums of the counts in (expert, source) order: the rows of
+// pair i = l * R + s are [first_row[i], first_row[i + 1]) of the flat
+// numbering, first_row[E] their total. Every thread of the block calls it;
+// thread x takes pairs kPairsPerThread * x on.
+__device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, int num_ranks, int num_pairs,
+                                            int max_count, int32_t* first_row, int32_t* warp_sums) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int i0 = kPairsPerThread * static_cast<int>(threadIdx.x);
+  int32_t c[kPairsPerThread];
+  int32_t sum = 0;
+#pragma unroll
+  for (int u = 0; u < kPairsPerThread; ++u) {
+    const int i = i0 + u;
+    c[u] = i < num_pairs ? min(max(__ldcg(&fixed->dispatch[parity][i % num_ranks].count[i / num_ranks]), 0), max_count)
+                         : 0;
+    sum += c[u];
+  }
+  const int32_t mine = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int32_t v = __shfl_up_sync(~0u, sum, d);
+    if (lane >= d) sum += v;
+  }
+  if (lane == 31) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    int32_t total = lane < kRecvWarps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int32_t v = __shfl_up_sync(~0u, total, d);
+      if (lane >= d) total += v;
+    }
+    if (lane < kRecvWarps) warp_sums[lane] = total;
+  }
+  __syncthreads();
+  int32_t before = (warp > 0 ? warp_sums[warp - 1] : 0) + sum - mine;
+#pragma unroll
+  for (int u = 0; u < kPairsPerThread; ++u) {
+    if (i0 + u < num_pairs) first_row[i0 + u] = before;
+    before += c[u];
+  }
+  if (threadIdx.x == 0) first_row[num_pairs] = warp_sums[kRecvWarps - 1];
+  __syncthreads();
+}
+
+// The outputs of one number per expert or pair, and the plan's header and
+// source token counts: spread over the threads of the grid.
+__device__ __forceinline__ void write_counts(const DispatchParams& p, const int32_t* first_row,
+                                             const int32_t* source_tokens) {
+  const LowLatencyDispatchArgs& a = p.args;
+  const int R = p.group.num_ranks, E = a.num_experts;
+  const int threads = static_cast<int>(gridDim.x) * kRecvThreads;
+  const int id = static_cast<int>(blockIdx.x) * kRecvThreads + static_cast<int>(threadIdx.x);
+  char* plan = static_cast<char*>(a.plan);
+  auto* plan_recv_count = reinterpret_cast<int32_t*>(plan + p.plan.recv_count);
+  for (int i = id; i < E; i += threads) {
+    const int l = i / R;
+    const int32_t begin = first_row[i] - first_row[l * R], count = first_row[i + 1] - first_row[i];
+    a.layout_range[i] = static_cast<int64_t>(begin) << 32 | count;
+    if (i % R == 0) {
+      const int32_t n = first_row[(l + 1) * R] - first_row[l * R];
+      a.recv_count[l] = n;
+      plan_recv_count[l] = n;
+      if (a.cumulative_local_expert_recv_stats != nullptr) a.cumulative_local_expert_recv_stats[l] += n;
+    }
+  }
+  if (id < R) reinterpret_cast<int32_t*>(plan + p.plan.source_tokens)[id] = source_tokens[id];
+  if (id == 0) write_plan_header(p, 0);
+}
+
+// A slot holds a message of this call for token t.
+__device__ __forceinline__ bool is_message(const int4& head, uint32_t seq, int t) {
+  return static_cast<uint32_t>(head.x) == seq && head.y == t && head.z >= 1 && head.z <= kMaxTopk;
+}
+
+// plan token_entries for every (source, token < M), spread over the grid
+// from the last warp of place_rows' order back: with fewer rows than warps,
+// warps that place no row read these headers.
+__device__ __forceinline__ void write_token_entries(const DispatchParams& p, const char* local, uint32_t seq,
+                                                    int parity, const int32_t* source_tokens) {
+  const int R = p.group.num_ranks, M = p.args.num_max_tokens;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRecvWarps;
+  const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
+  auto* entries = reinterpret_cast<int32_t*>(static_cast<char*>(p.args.plan) + p.plan.token_entries);
+  for (int64_t i = (warps - 1 - g) * 32 + threadIdx.x % 32; i < static_cast<int64_t>(R) * M; i += warps * 32) {
+    const int s = static_cast<int>(i / M), t = static_cast<int>(i % M);
+    int32_t n = 0;
+    if (t < source_tokens[s]) {
+      const int4 head = device::load_shared_16(local + p.region.dispatch_slot(parity, s, t));
+      if (is_message(head, seq, t)) n = head.z;
+    }
+    entries[i] = n;
+  }
+}
+
+// The entry j in [first, first + 8), j < n, whose local expert (the int16s of
+// `names`) is l; -1 if none.
+__device__ __forceinline__ int entry_naming(const int4& names, int first, int n, int l) {
+  const int32_t pairs[4] = {names.x, names.y, names.z, names.w};
+  int found = -1;
+#pragma unroll
+  for (int c = 7; c >= 0; --c) {
+    const int name = static_cast<int16_t>(pairs[c / 2] >> (16 * (c % 2)));
+    if (first + c < n && name == l) found = first + c;
+  }
+  return found;
+}
+
+// For slots base + 32 u + lane (u < kScanSteps) of source s: byte u of the
+// result is 1 + the entry naming local expert l if the slot holds a message of
+// this call that names it, else 0. Reads the first header word and the first
+// eight local experts (the next eight only when needed).
+__device__ __forceinline__ uint32_t find_entries(const Region& region, const char* local, uint32_t seq, int parity,
+                                                 int s, int l, int base, int num_tokens, int lane) {
+  int4 head[kScanSteps], names[kScanSteps];
+#pragma unroll
+  for (int u = 0; u < kScanSteps; ++u) {
+    const int t = base + 32 * u + lane;
+    head[u] = names[u] = make_int4(0, 0, 0, 0);
+    if (t < num_tokens) {
+      const char* slot = local + region.dispatch_slot(parity, s, t);
+      head[u] = device::load_shared_16(slot);
+      names[u] = device::load_shared_16(slot + offsetof(MessageHeader, local_expert));
+    }
+  }
+  uint32_t entries = 0;
+#pragma unroll
+  for (int u = 0; u < kScanSteps; ++u) {
+    const int t = base + 32 * u + lane;
+    if (t < num_tokens && is_message(head[u], seq, t)) {
+      const int n = head[u].z;
+      int j = entry_naming(names[u], 0, n, l);
+      if (j < 0 && n > 8) {
+        const char* more = local + region.dispatch_slot(parity, s, t) + offsetof(MessageHeader, local_expert) + 16;
+        j = entry_naming(device::load_shared_16(more), 8, n, l);
+      }
+      entries |= static_cast<uint32_t>(j + 1) << (8 * u);
+    }
+  }
+  return entries;
+}
+
+// A warp copies n16 16-byte words another GPU wrote (read from L2), with
+// kCopyWords words a lane in flight: a pass's loads all issue before its
+// stores, the last pass masked.
+__device__ __forceinline__ void copy_row(void* dst, const void* src, int n16, int lane) {
+  auto* d = static_cast<int4*>(dst);
+  const auto* s = static_cast<const int4*>(src);
+  for (int base = lane; base < n16; base += 32 * kCopyWords) {
+    int4 v[kCopyWords];
+#pragma unroll
+    for (int u = 0; u < kCopyWords; ++u)
+      if (base + 32 * u < n16) v[u] = device::load_shared_16(s + base + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kCopyWords; ++u)
+      if (base + 32 * u < n16) device::store_16(d + base + 32 * u, v[u]);
+  }
+}
+
+// Row `row` of local expert l is token t of source s, entry j of its header.
+__device__ __forceinline__ void place_row(const DispatchParams& p, const char* local, int parity, int l, int s, int t,
+                                          int j, int row, int lane) {
+  const LowLatencyDispatchArgs& a = p.args;
+  const int H = a.hidden, M = a.num_max_tokens;
+  const int64_t rows_per_expert = static_cast<int64_t>(M) * p.group.num_ranks;
+  const int64_t out = l * rows_per_expert + row;
+  const char* slot = local + p.region.dispatch_slot(parity, s, t);
+  const char* payload = slot + sizeof(MessageHeader);
+  const int num_groups = H / kGroup, scale_words = (num_groups + 3) / 4;
+  // The small loads first, so they overlap the row's.
+  int32_t topk_slots = 0;
+  float weight = 0.0f;
+  if (lane == 0) {
+    topk_slots = __ldcg(reinterpret_cast<const int32_t*>(slot + offsetof(MessageHeader, topk_slot) + (j & ~3)));
+    weight = __ldcg(reinterpret_cast<const float*>(slot + offsetof(MessageHeader, weight)) + j);
+  }
+  int4 scales = make_int4(0, 0, 0, 0);
+  if (a.use_fp8 && lane < scale_words) scales = device::load_shared_16(payload + H + 16 * lane);
+  const int64_t row_bytes = a.use_fp8 ? H : 2 * static_cast<int64_t>(H);
+  copy_row(static_cast<char*>(a.recv_x) + out * row_bytes, payload, static_cast<int>(row_bytes / 16), lane);
+  if (lane == 0) {
+    char* plan = static_cast<char*>(a.plan);
+    a.src_info[out] = t;
+    reinterpret_cast<int32_t*>(plan + p.plan.row_info)[out] = pack_row_info(s, t, (topk_slots >> (8 * (j & 3))) & 0xff);
+    const int64_t entry = (static_cast<int64_t>(s) * M + t) * kMaxTopk + j;
+    reinterpret_cast<int32_t*>(plan + p.plan.token_rows)[entry] = static_cast<int32_t>(out);
+    reinterpret_cast<float*>(plan + p.plan.token_weights)[entry] = weight;
+  }
+  if (a.use_fp8 && lane < scale_words) {
+    const float v[4] = {__int_as_float(scales.x), __int_as_float(scales.y), __int_as_float(scales.z),
+                        __int_as_float(scales.w)};
+    if (a.use_ue8m0) {
+      uint32_t packed = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (4 * lane + i < num_groups) packed |= device::ue8m0_exponent(v[i]) << (8 * i);
+      a.recv_packed_scales[(l * static_cast<int64_t>(scale_words) + lane) * rows_per_expert + row] =
+          static_cast<int32_t>(packed);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int g = 4 * lane + i;
+        if (g < num_groups) a.recv_scales[(l * static_cast<int64_t>(num_groups) + g) * rows_per_expert + row] = v[i];
+      }
+    }
+  }
+}
+
+// Rows [from, to) of pair i (local expert l, source s): the from-th to the
+// (to - 1)-th messages of s naming l, in token order.
+__device__ __forceinline__ void place_pair_rows(const DispatchParams& p, const char* local, uint32_t seq, int parity,
+                                                const int32_t* first_row, const int32_t* source_tokens, int i, int from,
+                                                int to, int lane) {
+  const int R = p.group.num_ranks;
+  const int l = i / R, s = i % R;
+  const int begin = first_row[i] - first_row[l * R];
+  const int num_tokens = source_tokens[s];
+  int seen = 0;  // messages naming l before the current step
+  for (int base = 0; base < num_tokens && seen < to; base += 32 * kScanSteps) {
+    const uint32_t entries = find_entries(p.region, local, seq, parity, s, l, base, num_tokens, lane);
+    // Not unrolled: one copy of the row code is enough.
+#pragma unroll 1
+    for (int u = 0; u < kScanSteps && seen < to; ++u) {
+      const int entry = static_cast<int>(entries >> (8 * u) & 0xffu) - 1;
+      unsigned hits = __ballot_sync(~0u, entry >= 0);
+      const int n = __popc(hits);
+      for (int q = seen; hits != 0 && q < to; ++q, hits &= hits - 1) {
+        if (q < from) continue;
+        const int k = __ffs(hits) - 1;
+        place_row(p, local, parity, l, s, base + 32 * u + k, __shfl_sync(~0u, entry, k), begin + q, lane);
+      }
+      seen += n;
+    }
+  }
+}
+
+// The rows of this warp: an even share of the flat numbering, warps taken
+// block by block in turn so that a few rows still spread over the SMs.
+__device__ __forceinline__ void place_rows(const DispatchParams& p, const char* local, uint32_t seq, int parity,
+                                           const int32_t* first_row, const int32_t* source_tokens) {
+  const int E = p.args.num_experts, lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRecvWarps;
+  const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
+  const int64_t total = first_row[E];
+  int row = static_cast<int>(g * total / warps);
+  const int end = static_cast<int>((g + 1) * total / warps);
+  if (row >= end) return;
+  // The pair holding `row`: the last i with first_row[i] <= row (first_row[E] > row).
+  int lo = 0, hi = E;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first_row[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  for (int i = lo; row < end; ++i) {
+    const int stop = min(end, first_row[i + 1]);
+    if (row >= stop) continue;
+    place_pair_rows(p, local, seq, parity, first_row, source_tokens, i, row - first_row[i], stop - first_row[i], lane);
+    row = stop;
+  }
+}
+
+__global__ void __launch_bounds__(kRecvThreads, 1) low_latency_dispatch_recv_kernel(const DispatchParams p) {
+  __shared__ void* table[kMaxRanks];
+  __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
+  __shared__ int32_t warp_sums[kRecvWarps];
+  __shared__ int32_t source_tokens[kMaxRanks];
+  __shared__ uint32_t failed_sources;
+  if (threadIdx.x == 0) failed_sources = 0;
+  const NvlinkTransport tr = block_transport(p.group, table);
+  auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
+  const char* local = tr.local();
+  const uint32_t seq = call_number(&fixed->local.dispatch_recv);
+  const int parity = static_cast<int>(seq & 1);
+  const bool all_came = __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources));
+  const uint32_t failed = failed_sources;
+  if (all_came && failed == 0) {
+    scan_counts(fixed, parity, p.group.num_ranks, p.args.num_experts, p.args.num_max_tokens, first_row, warp_sums);
+    write_counts(p, first_row, source_tokens);
+    write_token_entries(p, local, seq, parity, source_tokens);
+    place_rows(p, local, seq, parity, first_row, source_tokens);
+  } else if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // A source's bad input: no rank places anything. This rank's own send
+    // recorded its own bad input, and a timeout is recorded already.
+    const uint32_t peers = failed & ~(1u << p.group.rank);
+    if (all_came && peers != 0)
+      device::record_error(p.group.wait.errors, DeviceErrorCode::kPeerInputError, p.group.wait.rank,
+                           p.group.wait.first_nvl_rank + __ffs(static_cast<int>(peers)) - 1,
+                           static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
+    write_plan_header(p, 1);
+  }
+  finish_call(&fixed->local.dispatch_recv, seq, [] {});
+}
+
+DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& region, const Group& group) {
+  return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
+}
+
+}  // namespace
+
+void launch_dispatch_send(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
+                          cudaStream_t stream) {
+  low_latency_dispatch_send_kernel<<<group.num_blocks, kSendThreads, 0, stream>>>(make_params(args, region, group));
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_dispatch_recv(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
+                          cudaStream_t stream) {
+  low_latency_dispatch_recv_kernel<<<group.num_blocks, kRecvThreads, 0, stream>>>(make_params(args, region, group));
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace turnout::kernels::low_latency

@@ -38,6 +38,10 @@ struct LocalState {
   CallCounter dispatch_recv;
   CallCounter combine_send;
   CallCounter combine_recv;
+  // Dispatch send: nonzero once a token of this call had a bad expert id
+  // (zero between calls).
+  int32_t dispatch_input_error;
+  int32_t pad[3];  // the signals after LocalState stay 16-byte aligned: their counts move in 16-byte words
   // Dispatch send: tokens of this call per global expert (zero between calls).
   int32_t expert_count[kLowLatencyMaxExperts];
 };

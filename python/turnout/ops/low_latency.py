@@ -1,0 +1,387 @@
+"""Low-latency mode (decoding): dispatch and combine of a few tokens per rank,
+no host sync and, once a call shape has been seen, no allocation, so the
+calls can be captured in CUDA graphs and cost little host time.
+
+Dispatch outputs come from two output sets per shape (M, hidden, E, format),
+used in turn: the results of the two latest dispatches of a shape stay valid.
+A handle names its set and the call that filled it, so a combine given a
+handle whose set a later dispatch reused is refused instead of reading
+another call's rows.
+
+Without async_finish an op runs on the caller's stream (no stream joins: the
+caller's stream is the one that must wait for it anyway). With async_finish
+it runs on the communication stream; the next op launched on the caller's
+stream first waits for that stream, so low-latency calls never overlap each
+other (their device counters step once per call).
+"""
+from typing import Optional
+
+import torch
+
+from .. import _C
+from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail
+from ..event import EventOverlap
+from .context import OpContext
+from .streams import OpStreams, current_raw_stream
+
+MAX_TOPK: int = _C.low_latency_max_topk
+MAX_TOKENS: int = _C.low_latency_max_tokens
+MAX_EXPERTS: int = _C.low_latency_max_experts
+MAX_HIDDEN: int = _C.low_latency_max_hidden
+SCALE_GROUP: int = _C.low_latency_scale_group
+
+_SEND_AND_RECEIVE: int = _C.LOW_LATENCY_SEND_AND_RECEIVE
+_SEND: int = _C.LOW_LATENCY_SEND
+_RECEIVE: int = _C.LOW_LATENCY_RECEIVE
+
+# Formats of dispatch's recv_x: bf16, e4m3 with float scales, e4m3 with packed UE8M0 scales.
+_BF16, _FP8, _UE8M0 = 0, 1, 2
+
+
+class _OutputSet:
+    """One dispatch's outputs, the native args that point at them, and the
+    generation (call number of its shape) whose results they hold."""
+
+    __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "generation", "combine_buffer",
+                 "owner", "num_local_experts", "num_rows")
+
+    def __init__(self, owner: object, num_max_tokens: int, hidden: int, num_experts: int, fmt: int, num_ranks: int,
+                 device: torch.device) -> None:
+        local, rows = num_experts // num_ranks, num_max_tokens * num_ranks
+        groups = hidden // SCALE_GROUP
+        recv_x = torch.empty(local, rows, hidden, dtype=torch.bfloat16 if fmt == _BF16 else torch.float8_e4m3fn,
+                             device=device)
+        # Scales column-major in their last two dims, as grouped GEMMs read them with TMA.
+        scales = None
+        if fmt == _FP8:
+            scales = torch.empty(local, groups, rows, dtype=torch.float32, device=device).transpose(1, 2)
+        elif fmt == _UE8M0:
+            scales = torch.empty(local, (groups + 3) // 4, rows, dtype=torch.int32, device=device).transpose(1, 2)
+        # Zeroed once: a dispatch that fails leaves recv_count unwritten.
+        self.recv_count = torch.zeros(local, dtype=torch.int32, device=device)
+        self.src_info = torch.empty(local, rows, dtype=torch.int32, device=device)
+        self.layout_range = torch.empty(local, num_ranks, dtype=torch.int64, device=device)
+        self.plan = torch.empty(_C.low_latency_plan_bytes(num_max_tokens, num_ranks, num_experts), dtype=torch.uint8,
+                                device=device)
+        self.result = recv_x if scales is None else (recv_x, scales)
+        self.args = _C.LowLatencyDispatchArgs(
+            hidden, num_max_tokens, num_experts, fmt != _BF16, fmt == _UE8M0, recv_x.data_ptr(),
+            scales.data_ptr() if fmt == _FP8 else 0, scales.data_ptr() if fmt == _UE8M0 else 0,
+            self.recv_count.data_ptr(), self.src_info.data_ptr(), self.layout_range.data_ptr(), self.plan.data_ptr())
+        self.generation = -1
+        # get_next_low_latency_combine_buffer's tensor, made on first request.
+        self.combine_buffer = None
+        self.owner = owner
+        self.num_local_experts = local
+        self.num_rows = rows
+
+
+class _Shape:
+    """The two output sets of one call shape and how many dispatches it had."""
+
+    __slots__ = ("sets", "calls")
+
+    def __init__(self) -> None:
+        self.sets = [None, None]
+        self.calls = 0
+
+
+class LowLatencyState:
+    """A low-latency Buffer's Python-side state: its output sets by shape, and
+    whether the communication stream holds a low-latency op that the caller's
+    stream has not waited for yet (an async_finish call)."""
+
+    __slots__ = ("shapes", "comm_ahead", "comm_raw")
+
+    def __init__(self, comm_raw: int) -> None:
+        self.shapes = {}
+        self.comm_ahead = False
+        self.comm_raw = comm_raw
+
+    def release(self) -> None:
+        """Drops the output sets once the Buffer is destroyed (tensors the
+        caller still holds stay valid); later calls raise."""
+        self.shapes = None
+
+
+class LowLatencyHandle(tuple):
+    """What low_latency_dispatch returns for its combine: DeepEP's five entries
+    ``(src_info [L, M*R] int32, layout_range [L, R] int64, M, hidden, num_experts)``
+    (``src_info``: the source token of each received row; ``layout_range``:
+    ``(begin << 32) | count`` of each source rank's rows per local expert).
+
+    It also carries what the combine needs and DeepEP keeps inside: the plan
+    (``plan``, uint8), this rank's token count and top-k (``num_tokens``,
+    ``num_topk``), whether dispatch had weights (``has_weights``), and which
+    buffer and call made it (``generation``). It is valid while its output set
+    holds its call's results: until the second later dispatch of its shape.
+    """
+
+    # One attribute, set once per dispatch: (output set, generation, T, K, has_weights).
+    _info: tuple
+
+    @property
+    def plan(self) -> torch.Tensor:
+        return self._info[0].plan
+
+    @property
+    def generation(self) -> int:
+        return self._info[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self._info[2]
+
+    @property
+    def num_topk(self) -> int:
+        return self._info[3]
+
+    @property
+    def has_weights(self) -> bool:
+        return self._info[4]
+
+    @property
+    def owner(self) -> object:
+        """The marker of the buffer whose dispatch made it."""
+        return self._info[0].owner
+
+
+class _ReceiveHook:
+    """The receive half of a return_recv_hook call: launched on the stream
+    current when it is called. Holds the call's tensors until then (and after:
+    the receive may still run). Launching a receive twice would put this rank
+    a call ahead of its peers, so a second call raises."""
+
+    __slots__ = ("_state", "_launch", "_args", "_device_index", "_op", "_tensors", "_called")
+
+    def __init__(self, context: OpContext, op: str, launch, args: tuple, tensors: tuple) -> None:
+        self._state = context.low_latency
+        self._launch = launch
+        self._args = args
+        self._device_index = context.device_index
+        self._op = op
+        self._tensors = tensors
+        self._called = False
+
+    def __call__(self) -> None:
+        if self._called:
+            raise RuntimeError(f"{self._op}: this receive hook was already called; each hook launches its receive once")
+        self._called = True
+        self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state))
+
+
+def _state(context: OpContext, op: str) -> LowLatencyState:
+    state = context.low_latency
+    if state is None:
+        fail(op, "the Buffer", "created with low_latency_mode=True (and num_rdma_bytes from "
+             "get_low_latency_rdma_size_hint)", "a buffer created with low_latency_mode=False")
+    if state.shapes is None:
+        raise RuntimeError(f"{op}: the buffer was destroyed")
+    return state
+
+
+def _join_comm(state: LowLatencyState) -> Optional[int]:
+    """What an op launched on the caller's stream waits for first: the
+    communication stream, if an async_finish op is still ahead on it."""
+    if not state.comm_ahead:
+        return None
+    state.comm_ahead = False
+    return state.comm_raw
+
+
+def _check_hidden(op: str, hidden: int, x: torch.Tensor, use_fp8: bool) -> None:
+    step = SCALE_GROUP if use_fp8 else 8
+    if hidden % step or not 0 < hidden <= MAX_HIDDEN:
+        fail(op, "x", f"of a hidden size that is a multiple of {step} in [{step}, {MAX_HIDDEN}]"
+             f"{' with use_fp8=True' if use_fp8 else ''}", f"shape {tuple(x.shape)}")
+
+
+def _check_experts(op: str, num_experts: int, num_ranks: int) -> None:
+    check_int(op, "num_experts", num_experts, num_ranks, MAX_EXPERTS)
+    if num_experts % num_ranks:
+        fail(op, "num_experts", f"a multiple of the group size {num_ranks}", num_experts)
+
+
+def _aligned_ptr(op: str, arg: str, t: torch.Tensor) -> int:
+    """The tensor's address: rows move as 16-byte words."""
+    address = t.data_ptr()
+    if address % 16:
+        fail(op, arg, "starting at a 16-byte aligned address", f"address {address:#x}")
+    return address
+
+
+def _stats_ptr(op: str, arg: str, t: Optional[torch.Tensor], dtype: torch.dtype, length: int,
+               device: torch.device) -> int:
+    if t is None:
+        return 0
+    check_tensor(op, arg, t, dtype=dtype, shape=(length,), device=device)
+    return t.data_ptr()
+
+
+def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor],
+             dispatch_wait_recv_cost_stats: Optional[torch.Tensor], use_fp8: bool, round_scale: bool,
+             use_ue8m0: bool, async_finish: bool, return_recv_hook: bool, topk_weights: Optional[torch.Tensor]):
+    """Buffer.low_latency_dispatch. Returns ``(recv_x, recv_count, handle, event, hook)``."""
+    op = "low_latency_dispatch"
+    state = _state(context, op)
+    device, num_ranks = context.device, context.num_ranks
+    max_tokens = num_max_dispatch_tokens_per_rank
+    check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=device)
+    num_tokens, hidden = x.shape
+    check_int(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, MAX_TOKENS)
+    if num_tokens > max_tokens:
+        fail(op, "x", f"of at most num_max_dispatch_tokens_per_rank={max_tokens} rows", f"shape {tuple(x.shape)}")
+    _check_hidden(op, hidden, x, use_fp8)
+    x_ptr = _aligned_ptr(op, "x", x)
+    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, ndim=2, device=device)
+    num_topk = topk_idx.shape[1]
+    if topk_idx.shape[0] != num_tokens or not 0 < num_topk <= MAX_TOPK:
+        fail(op, "topk_idx", f"of shape ({num_tokens}, k) with k in [1, {MAX_TOPK}] (x has {num_tokens} rows)",
+             f"shape {tuple(topk_idx.shape)}")
+    _check_experts(op, num_experts, num_ranks)
+    if use_ue8m0 and not round_scale:
+        fail(op, "use_ue8m0", "used with round_scale=True (UE8M0 scales are powers of two)",
+             "use_ue8m0=True with round_scale=False")
+    if async_finish and return_recv_hook:
+        fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
+             "when it is called)", True)
+    if topk_weights is not None:
+        check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(num_tokens, num_topk),
+                     device=device)
+    stats_ptr = _stats_ptr(op, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
+                           torch.int32, num_experts // num_ranks, device)
+    wait_ptr = _stats_ptr(op, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats, torch.int64,
+                          num_ranks, device)
+
+    fmt = (_UE8M0 if use_ue8m0 else _FP8) if use_fp8 else _BF16
+    key = (max_tokens, hidden, num_experts, fmt)
+    shape = state.shapes.get(key)
+    if shape is None:
+        shape = state.shapes[key] = _Shape()
+    generation = shape.calls
+    outputs = shape.sets[generation & 1]
+    if outputs is None:
+        outputs = shape.sets[generation & 1] = _OutputSet(context.handle_owner, max_tokens, hidden, num_experts, fmt,
+                                                          num_ranks, device)
+    # Before the launch: a call that fails after it has written the set must
+    # not leave the set's older handle valid.
+    shape.calls = generation + 1
+    outputs.generation = generation
+    # Whether weights were given reaches every peer's plan through this
+    # address, so it must not be null when they were: with no tokens the
+    # weights are never read, but an empty tensor has no address of its own.
+    weights_ptr = 0 if topk_weights is None else topk_weights.data_ptr() or outputs.plan.data_ptr()
+    # round_scale only matters with FP8 (the native checks pair it with use_fp8).
+    args = (outputs.args, x_ptr, num_tokens, topk_idx.data_ptr(), num_topk, weights_ptr,
+            bool(round_scale) and fmt != _BF16, stats_ptr, wait_ptr)
+    launch = context.native.low_latency_dispatch
+    tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+    event, hook = _launch(context, state, op, launch, args, tensors, async_finish, return_recv_hook)
+    handle = LowLatencyHandle((outputs.src_info, outputs.layout_range, max_tokens, hidden, num_experts))
+    handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None)
+    return outputs.result, outputs.recv_count, handle, event, hook
+
+
+def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple,
+            async_finish: bool, return_recv_hook: bool):
+    """Runs an op (both phases, or the send with a hook for the receive);
+    returns ``(event, hook)``."""
+    if async_finish:
+        with OpStreams(context, op, None, True, False) as streams:
+            launch(*args, _SEND_AND_RECEIVE, context.comm_raw, streams.wait_for)
+        state.comm_ahead = True
+        return streams.finish(tensors), None
+    stream = current_raw_stream(context.device_index)
+    if return_recv_hook:
+        launch(*args, _SEND, stream, _join_comm(state))
+        return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
+    launch(*args, _SEND_AND_RECEIVE, stream, _join_comm(state))
+    return EventOverlap(), None
+
+
+def _check_handle(context: OpContext, op: str, handle) -> tuple:
+    """The handle's ``(output set, generation, T, K, has_weights)`` once it is
+    known to come from this buffer's dispatch and to be still valid."""
+    if not isinstance(handle, LowLatencyHandle):
+        fail(op, "handle", "the handle a low_latency_dispatch of this buffer returned", type(handle).__name__,
+             TypeError)
+    info = handle._info
+    outputs, generation = info[0], info[1]
+    if outputs.owner is not context.handle_owner:
+        fail(op, "handle", "from a low_latency_dispatch of this buffer", "the handle of another Buffer")
+    if outputs.generation != generation:
+        fail(op, "handle", "from one of the two latest low_latency_dispatch calls of its shape (a later dispatch "
+             "reused its outputs)", f"the handle of dispatch {generation} of that shape, whose outputs dispatch "
+             f"{outputs.generation} has since reused")
+    return info
+
+
+def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+            handle, use_logfmt: bool, zero_copy: bool, async_finish: bool, return_recv_hook: bool,
+            out: Optional[torch.Tensor], combine_wait_recv_cost_stats: Optional[torch.Tensor]):
+    """Buffer.low_latency_combine. Returns ``(combined_x, event, hook)``."""
+    op = "low_latency_combine"
+    state = _state(context, op)
+    device = context.device
+    outputs, _, num_tokens, num_topk, _ = _check_handle(context, op, handle)
+    max_tokens, hidden, num_experts = handle[2], handle[3], handle[4]
+    check_tensor(op, "x", x, dtype=torch.bfloat16, shape=(outputs.num_local_experts, outputs.num_rows, hidden),
+                 device=device)
+    if zero_copy:
+        if outputs.combine_buffer is None:
+            fail(op, "zero_copy", "used after writing the rows into get_next_low_latency_combine_buffer(handle)",
+                 "zero_copy=True for a handle whose combine buffer was never taken")
+        x_ptr = outputs.combine_buffer.data_ptr()
+    else:
+        x_ptr = _aligned_ptr(op, "x", x)
+    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, shape=(num_tokens, num_topk), device=device)
+    # Required even when dispatch had weights and these are not read (DeepEP's signature).
+    check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(num_tokens, num_topk), device=device)
+    if use_logfmt and hidden % SCALE_GROUP:
+        fail(op, "use_logfmt", f"False for a hidden size that is not a multiple of {SCALE_GROUP}",
+             f"use_logfmt=True with hidden {hidden}")
+    if async_finish and return_recv_hook:
+        fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
+             "when it is called)", True)
+    if out is None:
+        combined_x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+    else:
+        combined_x = check_tensor(op, "out", out, dtype=torch.bfloat16, shape=(num_tokens, hidden), device=device)
+    out_ptr = _aligned_ptr(op, "out", combined_x)
+    wait_ptr = _stats_ptr(op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64,
+                          context.num_ranks, device)
+    args = (x_ptr, num_tokens, num_topk, hidden, max_tokens, num_experts, topk_idx.data_ptr(), topk_weights.data_ptr(),
+            outputs.plan.data_ptr(), bool(use_logfmt), out_ptr, wait_ptr)
+    tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
+    event, hook = _launch(context, state, op, context.native.low_latency_combine, args, tensors, async_finish,
+                          return_recv_hook)
+    return combined_x, event, hook
+
+
+def get_next_combine_buffer(context: OpContext, handle) -> torch.Tensor:
+    """Buffer.get_next_low_latency_combine_buffer: the bf16 ``[L, M*R, hidden]``
+    tensor a zero-copy combine of ``handle`` sends from (two per shape, by the
+    handle's generation parity; made on first request)."""
+    op = "get_next_low_latency_combine_buffer"
+    _state(context, op)
+    outputs = _check_handle(context, op, handle)[0]
+    if outputs.combine_buffer is None:
+        outputs.combine_buffer = torch.empty(outputs.num_local_experts, outputs.num_rows, handle[3],
+                                             dtype=torch.bfloat16, device=context.device)
+    return outputs.combine_buffer
+
+
+def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+    """Buffer.clean_low_latency_buffer: a collective reset of the low-latency
+    region, on the communication stream, joined both ways."""
+    op = "clean_low_latency_buffer"
+    state = _state(context, op)
+    check_int(op, "num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1, MAX_TOKENS)
+    check_int(op, "hidden", hidden, 8, MAX_HIDDEN)
+    if hidden % 8:
+        fail(op, "hidden", "a multiple of 8", hidden)
+    _check_experts(op, num_experts, context.num_ranks)
+    with OpStreams(context, op, None, False, False) as streams:
+        context.native.clean_low_latency_buffer(context.comm_raw, streams.wait_for, streams.join_to)
+    state.comm_ahead = False

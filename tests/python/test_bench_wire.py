@@ -1,0 +1,62 @@
+"""The low-latency bench's wire-byte accounting (turnout.bench.wire) on routings
+small enough to count by hand."""
+import pytest
+
+from turnout.bench.wire import remote_pairs, wire_bytes
+
+# 2 ranks, 4 experts: experts 0, 1 on rank 0; 2, 3 on rank 1.
+ROUTING = [[0, 2],    # rank 0 sees: expert 2 remote (rank 1)          -> 1 rank, 1 expert
+           [2, 3],    # both on rank 1                                 -> 1 rank, 2 experts
+           [0, 1],    # both local to rank 0                           -> nothing crosses
+           [3, -1]]   # one expert on rank 1, one empty slot           -> 1 rank, 1 expert
+
+
+def by_op(rows):
+    return {row["op"]: row for row in rows}
+
+
+def test_pairs_from_each_side():
+    assert remote_pairs(ROUTING, rank=0, num_ranks=2, num_experts=4) == (3, 4)
+    # From rank 1, experts 0 and 1 are the remote ones: tokens 0 and 2.
+    assert remote_pairs(ROUTING, rank=1, num_ranks=2, num_experts=4) == (2, 3)
+
+
+def test_bytes_small_hidden():
+    # hidden 128: FP8 payload 128 + 1 scale * 4 = 132 bytes, BF16 256.
+    rows = by_op(wire_bytes(ROUTING, rank=0, num_ranks=2, num_experts=4, hidden=128))
+    assert (rows["dispatch FP8"]["ours_bytes"], rows["dispatch FP8"]["ref_bytes"]) == (3 * (128 + 132), 4 * (132 + 16))
+    assert (rows["dispatch BF16"]["ours_bytes"], rows["dispatch BF16"]["ref_bytes"]) == (3 * (128 + 256), 4 * 272)
+    assert (rows["combine BF16"]["ours_bytes"], rows["combine BF16"]["ref_bytes"]) == (1024, 1024)
+    pre = rows["combine BF16, weights at dispatch"]
+    assert (pre["ours_bytes"], pre["ref_bytes"]) == (768, 1024)
+    assert pre["ratio"] == pytest.approx(0.75)
+    # At this hidden the 128-byte header outweighs what the fewer messages save.
+    assert rows["dispatch FP8"]["ratio"] == pytest.approx(780 / 592)
+    assert all((r["token_rank_pairs"], r["token_expert_pairs"]) == (3, 4) for r in rows.values())
+
+
+def test_all_experts_on_one_peer_cross_once():
+    # EP4, 288 experts (72 per rank): rank 0's token has all 8 experts on rank 2.
+    routing = [[144 + k for k in range(8)]]
+    rows = by_op(wire_bytes(routing, rank=0, num_ranks=4, num_experts=288, hidden=7168))
+    fp8 = 7168 + 7168 // 128 * 4
+    assert rows["dispatch FP8"]["ours_bytes"] == 128 + fp8
+    assert rows["dispatch FP8"]["ref_bytes"] == 8 * (fp8 + 16)
+    assert rows["dispatch FP8"]["ratio"] < 0.5
+    assert rows["combine BF16, weights at dispatch"]["ratio"] == pytest.approx(1 / 8)
+    assert rows["combine BF16"]["ratio"] == pytest.approx(1.0)
+
+
+def test_nothing_crosses_on_one_rank():
+    rows = wire_bytes([[0, 1], [2, 3]], rank=0, num_ranks=1, num_experts=4, hidden=128)
+    assert all(r["ours_bytes"] == r["ref_bytes"] == 0 and r["ratio"] is None for r in rows)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(topk_idx=[[4]], num_experts=4, hidden=128), "expert 4"),
+    (dict(topk_idx=[[0]], num_experts=5, hidden=128), "multiple of num_ranks"),
+    (dict(topk_idx=[[0]], num_experts=4, hidden=100), "multiple of 128"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        wire_bytes(rank=0, num_ranks=2, **kwargs)

@@ -1,0 +1,537 @@
+"""Low-latency mode without a GPU: DeepEP's signatures, the size functions,
+and the Python layer (checks, output sets, handles, hooks, streams) driven
+over CPU tensors against a stand-in for the native buffer that holds every
+call to the binding's own signature."""
+import inspect
+import re
+import types
+import weakref
+
+import pytest
+import torch
+
+from turnout import _C, Buffer
+from turnout.ops import low_latency as ll
+from turnout.ops import streams
+from turnout.ops.context import OpContext
+
+# -- DeepEP's signatures ----------------------------------------------------------------------------------------
+
+EMPTY = inspect.Parameter.empty
+
+DEEPEP_SIGNATURES = {
+    "low_latency_dispatch": [
+        ("x", EMPTY), ("topk_idx", EMPTY), ("num_max_dispatch_tokens_per_rank", EMPTY), ("num_experts", EMPTY),
+        ("cumulative_local_expert_recv_stats", None), ("dispatch_wait_recv_cost_stats", None), ("use_fp8", True),
+        ("round_scale", False), ("use_ue8m0", False), ("async_finish", False), ("return_recv_hook", False)],
+    "low_latency_combine": [
+        ("x", EMPTY), ("topk_idx", EMPTY), ("topk_weights", EMPTY), ("handle", EMPTY), ("use_logfmt", False),
+        ("zero_copy", False), ("async_finish", False), ("return_recv_hook", False), ("out", None),
+        ("combine_wait_recv_cost_stats", None)],
+    "get_next_low_latency_combine_buffer": [("handle", EMPTY)],
+    "clean_low_latency_buffer": [("num_max_dispatch_tokens_per_rank", EMPTY), ("hidden", EMPTY),
+                                 ("num_experts", EMPTY)],
+}
+
+
+@pytest.mark.parametrize("method", sorted(DEEPEP_SIGNATURES))
+def test_methods_take_deepeps_arguments_in_deepeps_order(method):
+    params = list(inspect.signature(getattr(Buffer, method)).parameters.values())
+    assert params[0].name == "self"
+    positional = [(p.name, p.default) for p in params[1:] if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional == DEEPEP_SIGNATURES[method]
+    others = [(p.name, p.kind, p.default) for p in params[1:] if p.kind is not p.POSITIONAL_OR_KEYWORD]
+    # Ours, after DeepEP's and by keyword only: code written for DeepEP never meets it.
+    assert others == ([("topk_weights", inspect.Parameter.KEYWORD_ONLY, None)]
+                      if method == "low_latency_dispatch" else [])
+
+
+@pytest.mark.parametrize("method, args, fork_arg", [
+    ("low_latency_dispatch", 4, "use_nvfp4"),
+    ("low_latency_dispatch", 4, "x_global_scale"),
+    ("low_latency_combine", 4, "overlap"),
+    ("low_latency_combine", 4, "comp_signal"),
+])
+def test_arguments_of_deepep_forks_raise_type_error_naming_them(method, args, fork_arg):
+    buffer = Buffer.__new__(Buffer)  # the arguments are refused before the buffer is read
+    with pytest.raises(TypeError, match=fork_arg):
+        getattr(buffer, method)(*([None] * args), **{fork_arg: True})
+
+
+# -- sizes -------------------------------------------------------------------------------------------------------
+
+GRID = [(m, h, r, e) for m in (1, 128, 1024) for h in (128, 2048, 7168) for r in (2, 4, 8) for e in (8 * r, 256)
+        if e % r == 0]
+
+
+@pytest.mark.parametrize("m, h, r, e", GRID)
+def test_size_hint_covers_every_topk(m, h, r, e):
+    hint = Buffer.get_low_latency_rdma_size_hint(m, h, r, e)
+    needs = [_C.low_latency_required_bytes(m, h, r, k) for k in range(1, ll.MAX_TOPK + 1)]
+    assert all(n <= hint for n in needs), f"hint {hint} < needs {needs}"
+    assert needs == sorted(needs), "more top-k never needs fewer bytes"
+
+
+def test_size_hint_grows_with_tokens_and_hidden():
+    by_tokens = [Buffer.get_low_latency_rdma_size_hint(m, 7168, 8, 256) for m in (1, 64, 128, 512, 1024)]
+    assert by_tokens == sorted(set(by_tokens)), by_tokens
+    by_hidden = [Buffer.get_low_latency_rdma_size_hint(128, h, 8, 256) for h in (128, 1024, 4096, 7168, 16384)]
+    assert by_hidden == sorted(set(by_hidden)), by_hidden
+    # A row of 7168 bf16 per (rank, token) slot twice over is a floor no layout goes under.
+    assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256) >= 2 * 8 * 128 * 7168 * 2
+
+
+@pytest.mark.parametrize("m, r, e", [(1, 1, 1), (128, 8, 256), (1024, 8, 1024), (64, 4, 32), (7, 3, 9)])
+def test_plan_bytes_hold_the_plan_and_stay_aligned(m, r, e):
+    plan = _C.low_latency_plan_bytes(m, r, e)
+    local = e // r
+    # Header, counts per expert and per source, one int per row, and per (source, token) an entry count
+    # plus top-k rows and weights.
+    floor = 32 + 4 * local + 4 * r + 4 * local * m * r + 4 * r * m + 2 * 4 * r * m * ll.MAX_TOPK
+    assert plan >= floor and plan % 16 == 0
+    # Bounded too: no more than the parts each rounded up to 128 bytes.
+    assert plan <= floor + 7 * 128
+
+
+def test_plan_bytes_grow_with_tokens_ranks_and_experts():
+    assert _C.low_latency_plan_bytes(128, 8, 256) > _C.low_latency_plan_bytes(64, 8, 256)
+    assert _C.low_latency_plan_bytes(128, 8, 256) > _C.low_latency_plan_bytes(128, 4, 256)
+    assert _C.low_latency_plan_bytes(128, 8, 512) > _C.low_latency_plan_bytes(128, 8, 256)
+
+
+@pytest.mark.parametrize("fn, args, name", [
+    (_C.low_latency_plan_bytes, (128, 0, 256), "num_ranks"),
+    (_C.low_latency_plan_bytes, (128, 9, 288), "num_ranks"),
+    (_C.low_latency_plan_bytes, (0, 8, 256), "num_max_tokens"),
+    (_C.low_latency_plan_bytes, (128, 8, 100), "num_experts"),
+    (_C.low_latency_plan_bytes, (128, 8, 2048), "num_experts"),
+    (_C.low_latency_required_bytes, (128, 7168, 8, 0), "num_topk"),
+    (_C.low_latency_required_bytes, (128, 7168, 8, 17), "num_topk"),
+    (_C.low_latency_required_bytes, (128, 100, 8, 8), "hidden"),
+    (_C.low_latency_required_bytes, (1025, 7168, 8, 8), "num_max_tokens"),
+])
+def test_size_functions_refuse_what_no_call_can_use(fn, args, name):
+    with pytest.raises(ValueError, match=name):
+        fn(*args)
+
+
+# -- construction ------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_low_latency_arguments_pass_their_checks():
+    hint = Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        Buffer(object(), num_rdma_bytes=hint, low_latency_mode=True, num_qps_per_rank=12,
+               allow_nvlink_for_low_latency_mode=False)
+
+
+# -- the Python layer over a stand-in native buffer --------------------------------------------------------------
+
+def binding_parameters(method):
+    """(name, type) of each parameter of a bound _C.Buffer method, from its signature."""
+    doc = getattr(_C.Buffer, method).__doc__
+    inside = re.match(rf"{method}\(self, (.*)\) -> None", doc).group(1)
+    return [tuple(p.split(": ")) for p in inside.split(", ")]
+
+
+def conforms(value, kind):
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "int | None":
+        return value is None or conforms(value, "int")
+    if kind == "bool":
+        return isinstance(value, bool)
+    return f"{type(value).__module__}.{type(value).__qualname__}" == kind
+
+
+class NativeStandIn:
+    """Records each call by parameter name after checking it against the
+    binding's signature: what the real module would accept."""
+
+    destroyed = False
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, method, args):
+        params = binding_parameters(method)
+        assert len(args) == len(params), f"{method}: {len(args)} arguments for {len(params)} parameters"
+        for value, (name, kind) in zip(args, params):
+            assert conforms(value, kind), f"{method}: {name}={value!r} is no {kind}"
+        self.calls.append((method, dict(zip((n for n, _ in params), args))))
+
+    def low_latency_dispatch(self, *args):
+        self._record("low_latency_dispatch", args)
+
+    def low_latency_combine(self, *args):
+        self._record("low_latency_combine", args)
+
+    def clean_low_latency_buffer(self, *args):
+        self._record("clean_low_latency_buffer", args)
+
+    def join(self, waiter, waited):
+        self.calls.append(("join", {"waiter": waiter, "waited": waited}))
+
+
+CALLER_STREAM = 0x1000
+COMM_STREAM = 0x2000
+
+
+@pytest.fixture(autouse=True)
+def caller_stream(monkeypatch):
+    """The caller's stream as the ops read it; tests change it through the list."""
+    current = [CALLER_STREAM]
+    monkeypatch.setattr(ll, "current_raw_stream", lambda device_index: current[0])
+    monkeypatch.setattr(streams, "current_raw_stream", lambda device_index: current[0])
+    return current
+
+
+def make_context(num_ranks=4, low_latency_mode=True):
+    """What an OpContext holds, on the CPU."""
+    context = types.SimpleNamespace(native=NativeStandIn(), device=torch.device("cpu"), device_index=0,
+                                    num_ranks=num_ranks, num_rdma_ranks=1, comm_stream=None, comm_raw=COMM_STREAM,
+                                    handle_owner=object(), low_latency=None)
+    assert set(vars(context)) == set(OpContext.__slots__)
+    if low_latency_mode:
+        context.low_latency = ll.LowLatencyState(COMM_STREAM)
+    return context
+
+
+R, M, H, E, T, K = 4, 8, 256, 16, 5, 3
+
+
+def inputs(tokens=T, hidden=H, topk=K, experts=E):
+    g = torch.Generator().manual_seed(tokens * 1000 + hidden)
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    topk_idx = torch.randint(-1, experts, (tokens, topk), generator=g)
+    return x, topk_idx
+
+
+def dispatch(context, x, topk_idx, max_tokens=M, experts=E, cumulative=None, wait=None, use_fp8=True,
+             round_scale=False, use_ue8m0=False, async_finish=False, return_recv_hook=False, topk_weights=None):
+    return ll.dispatch(context, x, topk_idx, max_tokens, experts, cumulative, wait, use_fp8, round_scale, use_ue8m0,
+                       async_finish, return_recv_hook, topk_weights)
+
+
+def combine(context, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False, async_finish=False,
+            return_recv_hook=False, out=None, wait=None):
+    return ll.combine(context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, async_finish,
+                      return_recv_hook, out, wait)
+
+
+def expert_rows(context, hidden=H, experts=E, max_tokens=M):
+    return torch.zeros(experts // context.num_ranks, max_tokens * context.num_ranks, hidden, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "ue8m0"])
+@pytest.mark.parametrize("hidden", [640, 7168])
+def test_dispatch_outputs_have_deepeps_shapes_and_layouts(fmt, hidden):
+    context = make_context()
+    x, topk_idx = inputs(hidden=hidden)
+    recv_x, recv_count, handle, event, hook = dispatch(context, x, topk_idx, use_fp8=fmt != "bf16",
+                                                       round_scale=fmt == "ue8m0", use_ue8m0=fmt == "ue8m0")
+    local, rows = E // R, M * R
+    if fmt == "bf16":
+        assert isinstance(recv_x, torch.Tensor) and recv_x.dtype == torch.bfloat16
+        data = recv_x
+    else:
+        data, scales = recv_x
+        assert data.dtype == torch.float8_e4m3fn
+        groups = hidden // 128 if fmt == "fp8" else -(-hidden // 512)
+        assert scales.dtype == (torch.float32 if fmt == "fp8" else torch.int32)
+        assert scales.shape == (local, rows, groups)
+        assert scales.stride() == (rows * groups, 1, rows), "scales must be column-major in their last two dims"
+    assert data.shape == (local, rows, hidden) and data.is_contiguous()
+    assert recv_count.dtype == torch.int32 and recv_count.shape == (local,)
+    assert event.event is None and hook is None
+
+    src_info, layout_range, max_tokens, handle_hidden, experts = handle
+    assert (max_tokens, handle_hidden, experts) == (M, hidden, E)
+    assert src_info.dtype == torch.int32 and src_info.shape == (local, rows)
+    assert layout_range.dtype == torch.int64 and layout_range.shape == (local, R)
+    assert handle.plan.dtype == torch.uint8 and handle.plan.numel() == _C.low_latency_plan_bytes(M, R, E)
+    assert (handle.num_tokens, handle.num_topk, handle.has_weights, handle.generation) == (T, K, False, 0)
+
+    (method, call), = context.native.calls
+    assert method == "low_latency_dispatch"
+    args = call["outputs"]
+    assert (args.hidden, args.num_max_tokens, args.num_experts) == (hidden, M, E)
+    assert (args.use_fp8, args.use_ue8m0) == (fmt != "bf16", fmt == "ue8m0")
+    assert call["x"] == x.data_ptr() and call["topk_idx"] == topk_idx.data_ptr()
+    assert (call["num_tokens"], call["num_topk"], call["topk_weights"]) == (T, K, 0)
+    assert call["round_scale"] == (fmt == "ue8m0")
+    assert (call["phase"], call["stream"], call["wait_for"]) == (_C.LOW_LATENCY_SEND_AND_RECEIVE, CALLER_STREAM, None)
+
+
+def test_outputs_alternate_between_two_sets_and_are_allocated_once(monkeypatch):
+    context = make_context()
+    x, topk_idx = inputs()
+    first = [dispatch(context, x, topk_idx) for _ in range(2)]
+    assert first[0][0][0].data_ptr() != first[1][0][0].data_ptr()
+
+    made = []
+    real_empty, real_zeros = torch.empty, torch.zeros
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(a) or real_empty(*a, **k))
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: made.append(a) or real_zeros(*a, **k))
+    later = [dispatch(context, x, topk_idx) for _ in range(4)]
+    assert made == [], "a dispatch of a shape seen before must allocate nothing"
+    for i, (recv_x, recv_count, handle, _, _) in enumerate(later):
+        earlier = first[i % 2]
+        assert recv_x[0] is earlier[0][0] and recv_x[1] is earlier[0][1] and recv_count is earlier[1]
+        assert handle[0] is earlier[2][0] and handle.plan is earlier[2].plan
+        assert handle.generation == i + 2
+
+    # Another format of the same shape has sets of its own.
+    bf16 = dispatch(context, x, topk_idx, use_fp8=False)
+    assert len(made) > 0 and bf16[0].data_ptr() not in {f[0][0].data_ptr() for f in first}
+
+
+def test_combine_refuses_a_handle_whose_outputs_were_reused():
+    context = make_context()
+    x, topk_idx = inputs()
+    weights = torch.rand(T, K)
+    handles = [dispatch(context, x, topk_idx)[2] for _ in range(3)]
+    y = expert_rows(context)
+    with pytest.raises(ValueError, match=r"handle must be from one of the two latest .* dispatch 0 .* dispatch 2"):
+        combine(context, y, topk_idx, weights, handles[0])
+    with pytest.raises(ValueError, match="handle"):
+        ll.get_next_combine_buffer(context, handles[0])
+    calls = len(context.native.calls)
+    for handle in handles[1:]:
+        combined_x, event, hook = combine(context, y, topk_idx, weights, handle)
+        assert combined_x.shape == (T, H) and combined_x.dtype == torch.bfloat16
+    assert len(context.native.calls) == calls + 2
+
+
+def test_combine_refuses_handles_of_other_buffers_and_other_objects():
+    mine, theirs = make_context(), make_context()
+    x, topk_idx = inputs()
+    handle = dispatch(theirs, x, topk_idx)[2]
+    y, weights = expert_rows(mine), torch.rand(T, K)
+    with pytest.raises(ValueError, match="handle must be from a low_latency_dispatch of this buffer"):
+        combine(mine, y, topk_idx, weights, handle)
+    with pytest.raises(TypeError, match="handle"):
+        combine(mine, y, topk_idx, weights, tuple(handle))
+    assert mine.native.calls == []
+
+
+def test_combine_passes_the_handle_and_its_inputs():
+    context = make_context()
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    y, weights, out = expert_rows(context), torch.rand(T, K), torch.empty(T, H, dtype=torch.bfloat16)
+    wait = torch.zeros(R, dtype=torch.int64)
+    combined_x, event, hook = combine(context, y, topk_idx, weights, handle, use_logfmt=True, out=out, wait=wait)
+    assert combined_x is out and event.event is None and hook is None
+    method, call = context.native.calls[-1]
+    assert method == "low_latency_combine"
+    assert call == {"x": y.data_ptr(), "num_tokens": T, "num_topk": K, "hidden": H, "num_max_tokens": M,
+                    "num_experts": E, "topk_idx": topk_idx.data_ptr(), "topk_weights": weights.data_ptr(),
+                    "plan": handle.plan.data_ptr(), "use_logfmt": True, "out": out.data_ptr(),
+                    "wait_recv_cost_stats": wait.data_ptr(), "phase": _C.LOW_LATENCY_SEND_AND_RECEIVE,
+                    "stream": CALLER_STREAM, "wait_for": None}
+
+
+def test_zero_copy_sends_from_the_combine_buffer_of_the_handles_parity():
+    context = make_context()
+    x, topk_idx = inputs()
+    handles = [dispatch(context, x, topk_idx)[2] for _ in range(2)]
+    weights = torch.rand(T, K)
+    with pytest.raises(ValueError, match="zero_copy"):
+        combine(context, expert_rows(context), topk_idx, weights, handles[0], zero_copy=True)
+    buffers = [ll.get_next_combine_buffer(context, h) for h in handles]
+    assert buffers[0].shape == (E // R, M * R, H) and buffers[0].dtype == torch.bfloat16
+    assert buffers[0].data_ptr() != buffers[1].data_ptr()
+    assert ll.get_next_combine_buffer(context, handles[1]) is buffers[1]
+    third = dispatch(context, x, topk_idx)[2]
+    assert ll.get_next_combine_buffer(context, third) is buffers[0]
+    combine(context, buffers[1], topk_idx, weights, handles[1], zero_copy=True)
+    assert context.native.calls[-1][1]["x"] == buffers[1].data_ptr()
+    # x need not be the buffer: what is sent is the buffer's contents.
+    combine(context, expert_rows(context), topk_idx, weights, third, zero_copy=True)
+    assert context.native.calls[-1][1]["x"] == buffers[0].data_ptr()
+
+
+def test_dispatch_weights_reach_the_plan_even_without_tokens():
+    context = make_context()
+    x, topk_idx = inputs()
+    weights = torch.rand(T, K)
+    handle = dispatch(context, x, topk_idx, topk_weights=weights)[2]
+    assert handle.has_weights and context.native.calls[-1][1]["topk_weights"] == weights.data_ptr()
+    x0, idx0 = inputs(tokens=0)
+    handle = dispatch(context, x0, idx0, topk_weights=torch.empty(0, K))[2]
+    assert handle.has_weights and handle.num_tokens == 0
+    assert context.native.calls[-1][1]["topk_weights"] != 0, "peers learn of the weights by a non-null address"
+
+
+def test_receive_hook_launches_once_on_the_stream_current_then(caller_stream):
+    context = make_context()
+    x, topk_idx = inputs()
+    _, _, handle, event, hook = dispatch(context, x, topk_idx, return_recv_hook=True)
+    assert event.event is None and callable(hook)
+    (_, send), = context.native.calls
+    assert (send["phase"], send["stream"]) == (_C.LOW_LATENCY_SEND, CALLER_STREAM)
+    alive = weakref.ref(x)
+    del x
+    assert alive() is not None, "the hook keeps the call's tensors"
+    caller_stream[0] = 0x3000
+    hook()
+    _, receive = context.native.calls[-1]
+    assert (receive["phase"], receive["stream"], receive["wait_for"]) == (_C.LOW_LATENCY_RECEIVE, 0x3000, None)
+    assert {k: v for k, v in receive.items() if k not in ("phase", "stream")} == \
+        {k: v for k, v in send.items() if k not in ("phase", "stream")}
+    with pytest.raises(RuntimeError, match="already called"):
+        hook()
+    assert len(context.native.calls) == 2
+
+    y, weights = expert_rows(context), torch.rand(T, K)
+    combined_x, _, hook = combine(context, y, topk_idx, weights, handle, return_recv_hook=True)
+    assert context.native.calls[-1][1]["phase"] == _C.LOW_LATENCY_SEND
+    hook()
+    assert context.native.calls[-1][1]["phase"] == _C.LOW_LATENCY_RECEIVE
+    assert context.native.calls[-1][1]["out"] == combined_x.data_ptr()
+
+
+def test_an_op_on_the_callers_stream_first_waits_for_an_async_one():
+    context = make_context()
+    x, topk_idx = inputs()
+    context.low_latency.comm_ahead = True  # as an async_finish op leaves it
+    dispatch(context, x, topk_idx)
+    assert context.native.calls[-1][1]["wait_for"] == COMM_STREAM and not context.low_latency.comm_ahead
+    dispatch(context, x, topk_idx)
+    assert context.native.calls[-1][1]["wait_for"] is None
+
+
+def test_clean_runs_on_the_comm_stream_joined_both_ways():
+    context = make_context()
+    context.low_latency.comm_ahead = True
+    ll.clean(context, M, H, E)
+    method, call = context.native.calls[-1]
+    assert method == "clean_low_latency_buffer"
+    assert call == {"stream": COMM_STREAM, "wait_for": CALLER_STREAM, "join_to": CALLER_STREAM}
+    assert not context.low_latency.comm_ahead
+    for args, name in [((0, H, E), "num_max_dispatch_tokens_per_rank"), ((M, 100, E), "hidden"),
+                       ((M, H, 10), "num_experts")]:
+        with pytest.raises(ValueError, match=name):
+            ll.clean(context, *args)
+
+
+def test_calls_on_a_buffer_without_low_latency_mode_say_so():
+    context = make_context(low_latency_mode=False)
+    x, topk_idx = inputs()
+    with pytest.raises(ValueError, match="low_latency_mode=True"):
+        dispatch(context, x, topk_idx)
+    with pytest.raises(ValueError, match="low_latency_mode=True"):
+        ll.clean(context, M, H, E)
+    assert context.native.calls == []
+
+
+def test_calls_after_destroy_raise():
+    context = make_context()
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    context.low_latency.release()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        dispatch(context, x, topk_idx)
+    with pytest.raises(RuntimeError, match="destroyed"):
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle)
+
+
+def misaligned(tokens, hidden):
+    flat = torch.zeros(tokens * hidden + 8, dtype=torch.bfloat16)
+    return flat[1:1 + tokens * hidden].view(tokens, hidden)
+
+
+def dispatch_case(**changes):
+    """Dispatch arguments (as keyword arguments of ``dispatch`` above) with ``changes``."""
+    x, topk_idx = inputs()
+    return {"x": x, "topk_idx": topk_idx, **changes}
+
+
+DISPATCH_ERRORS = [
+    (dict(x=torch.randn(T, H)), TypeError, "x must be of dtype torch.bfloat16"),
+    (dict(x=torch.randn(1, T, H).bfloat16()), ValueError, "x must be 2-D"),
+    (dict(x=torch.randn(H, T).bfloat16().t()), ValueError, "x must be contiguous"),
+    (dict(x=torch.empty(T, H, dtype=torch.bfloat16, device="meta")), ValueError, "x must be on cpu"),
+    (dict(x=misaligned(T, H)), ValueError, "x must be starting at a 16-byte aligned address"),
+    (dict(max_tokens=T - 1), ValueError, "x must be of at most num_max_dispatch_tokens_per_rank=4 rows"),
+    (dict(max_tokens=0), ValueError, "num_max_dispatch_tokens_per_rank must be >= 1"),
+    (dict(max_tokens=1025), ValueError, "num_max_dispatch_tokens_per_rank must be <= 1024"),
+    (dict(max_tokens=8.0), TypeError, "num_max_dispatch_tokens_per_rank must be an int"),
+    (dict(x=torch.randn(T, 200).bfloat16()), ValueError, r"x must be of a hidden size that is a multiple of 128"),
+    (dict(x=torch.randn(T, 100).bfloat16(), use_fp8=False), ValueError, "x must be of a hidden size .* of 8"),
+    (dict(x=torch.randn(T, 16392).bfloat16(), use_fp8=False), ValueError, r"x must be .* in \[8, 16384\]"),
+    (dict(topk_idx=torch.zeros(T, K, dtype=torch.int32)), TypeError, "topk_idx must be of dtype torch.int64"),
+    (dict(topk_idx=torch.zeros(T + 1, K, dtype=torch.int64)), ValueError, r"topk_idx must be of shape \(5, k\)"),
+    (dict(topk_idx=torch.zeros(T, 0, dtype=torch.int64)), ValueError, r"topk_idx .* k in \[1, 16\]"),
+    (dict(topk_idx=torch.zeros(T, 17, dtype=torch.int64)), ValueError, r"topk_idx .* k in \[1, 16\]"),
+    (dict(topk_idx=torch.zeros(T * K, dtype=torch.int64)), ValueError, "topk_idx must be 2-D"),
+    (dict(experts=18), ValueError, "num_experts must be a multiple of the group size 4"),
+    (dict(experts=1028), ValueError, "num_experts must be <= 1024"),
+    (dict(experts=0), ValueError, "num_experts must be >= 4"),
+    (dict(use_ue8m0=True), ValueError, "use_ue8m0 must be used with round_scale=True"),
+    (dict(async_finish=True, return_recv_hook=True), ValueError, "return_recv_hook must be False with async_finish"),
+    (dict(topk_weights=torch.rand(T, K + 1)), ValueError, r"topk_weights must be of shape \(5, 3\)"),
+    (dict(topk_weights=torch.rand(T, K).double()), TypeError, "topk_weights must be of dtype torch.float32"),
+    (dict(cumulative=torch.zeros(E // R, dtype=torch.int64)), TypeError,
+     "cumulative_local_expert_recv_stats must be of dtype torch.int32"),
+    (dict(cumulative=torch.zeros(E, dtype=torch.int32)), ValueError,
+     r"cumulative_local_expert_recv_stats must be of shape \(4,\)"),
+    (dict(wait=torch.zeros(R, dtype=torch.int32)), TypeError, "dispatch_wait_recv_cost_stats must be of dtype "
+     "torch.int64"),
+    (dict(wait=torch.zeros(R + 1, dtype=torch.int64)), ValueError, r"dispatch_wait_recv_cost_stats must be of shape"),
+]
+
+
+@pytest.mark.parametrize("changes, kind, message", DISPATCH_ERRORS)
+def test_bad_dispatch_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
+    context = make_context()
+    good = dispatch(context, *inputs())[2]
+    with pytest.raises(kind, match=f"^low_latency_dispatch: {message}"):
+        dispatch(context, **dispatch_case(**changes))
+    assert len(context.native.calls) == 1
+    assert good.generation == good._info[0].generation, "a refused call must not take an output set"
+
+
+def test_good_stats_tensors_are_passed():
+    context = make_context()
+    cumulative, wait = torch.zeros(E // R, dtype=torch.int32), torch.zeros(R, dtype=torch.int64)
+    dispatch(context, *inputs(), cumulative=cumulative, wait=wait)
+    call = context.native.calls[-1][1]
+    assert (call["cumulative_local_expert_recv_stats"], call["wait_recv_cost_stats"]) == \
+        (cumulative.data_ptr(), wait.data_ptr())
+
+
+COMBINE_ERRORS = [
+    (dict(x=torch.zeros(E // R, M * R, H)), TypeError, "x must be of dtype torch.bfloat16"),
+    (dict(x=torch.zeros(E // R, M * R + 1, H, dtype=torch.bfloat16)), ValueError, r"x must be of shape \(4, 32, 256\)"),
+    (dict(topk_idx=torch.zeros(T, K + 1, dtype=torch.int64)), ValueError, r"topk_idx must be of shape \(5, 3\)"),
+    (dict(topk_weights=None), TypeError, "topk_weights must be a torch.Tensor"),
+    (dict(topk_weights=torch.rand(T - 1, K)), ValueError, r"topk_weights must be of shape \(5, 3\)"),
+    (dict(out=torch.empty(T, H)), TypeError, "out must be of dtype torch.bfloat16"),
+    (dict(out=torch.empty(T, H + 8, dtype=torch.bfloat16)), ValueError, r"out must be of shape \(5, 256\)"),
+    (dict(out=misaligned(T, H)), ValueError, "out must be starting at a 16-byte aligned address"),
+    (dict(wait=torch.zeros(R)), TypeError, "combine_wait_recv_cost_stats must be of dtype torch.int64"),
+    (dict(async_finish=True, return_recv_hook=True), ValueError, "return_recv_hook must be False"),
+]
+
+
+@pytest.mark.parametrize("changes, kind, message", COMBINE_ERRORS)
+def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
+    context = make_context()
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    args = {"x": expert_rows(context), "topk_idx": topk_idx, "topk_weights": torch.rand(T, K), **changes}
+    with pytest.raises(kind, match=f"^low_latency_combine: {message}"):
+        combine(context, args.pop("x"), args.pop("topk_idx"), args.pop("topk_weights"), handle, **args)
+    assert len(context.native.calls) == 1
+
+
+def test_logfmt_needs_hidden_in_groups_of_128():
+    context = make_context()
+    x, topk_idx = inputs(hidden=200)
+    handle = dispatch(context, x, topk_idx, use_fp8=False)[2]
+    with pytest.raises(ValueError, match="use_logfmt"):
+        combine(context, expert_rows(context, hidden=200), topk_idx, torch.rand(T, K), handle, use_logfmt=True)
+    combine(context, expert_rows(context, hidden=200), topk_idx, torch.rand(T, K), handle)
+    assert context.native.calls[-1][1]["use_logfmt"] is False
