@@ -16,8 +16,9 @@ Combine's tolerance, |got - fp64 reference| per value, the sum of:
 - pre-reduced (weights given to dispatch): 2^-8 * |p_d| per expert rank d, p_d
   the partial sum that rank sends (one bf16 rounding per rank partial);
 - use_logfmt: |v| / 16 + amax / 2^18 per value v that crosses (amax: the largest
-  |v| of its 128 channels), weighted by |w| where the weights come after the
-  crossing (the default) -- the bound include/turnout/low_latency.hpp states.
+  |v| of its 128 channels, floored at 1e-4 as the cast floors it), weighted by
+  |w| where the weights come after the crossing (the default) -- the bound
+  include/turnout/low_latency.hpp states.
 """
 import dataclasses
 import time
@@ -371,10 +372,16 @@ class MyRows:
         return turnout_reference.low_latency_combine(expert_x, ids, ws, self.refs, only_rank=self.rank)[self.rank]
 
 
+# The logfmt cast floors each group's amax here (an all-zero group still gets
+# a scale); in bf16 this floor stays at or above 1e-4.
+LOGFMT_AMAX_FLOOR = 1.01e-4
+
+
 def group_amax(v: torch.Tensor) -> torch.Tensor:
-    """Each value replaced by the largest |value| of its 128 channels."""
+    """Each value replaced by the largest |value| of its 128 channels (at
+    least LOGFMT_AMAX_FLOOR)."""
     t, h = v.shape
-    amax = v.float().abs().view(t, h // 128, 128).amax(-1, keepdim=True)
+    amax = v.float().abs().view(t, h // 128, 128).amax(-1, keepdim=True).clamp(min=LOGFMT_AMAX_FLOOR)
     return amax.expand(t, h // 128, 128).reshape(t, h).to(v.dtype)
 
 
@@ -392,7 +399,7 @@ def combine_tolerance(mine: MyRows, topk_idx: np.ndarray, weights: np.ndarray, n
             tol += 2.0 ** -8 * p
             if logfmt and p.size:
                 t, h = p.shape
-                amax = np.repeat(p.reshape(t, h // 128, 128).max(-1), 128, axis=-1)
+                amax = np.repeat(np.maximum(p.reshape(t, h // 128, 128).max(-1), LOGFMT_AMAX_FLOOR), 128, axis=-1)
                 tol += (1 + 2.0 ** -7) * (p / 16 + amax / 2.0 ** 18)
     elif logfmt:
         tol += s / 16 + mine.combine(topk_idx, w, group_amax) / 2.0 ** 18

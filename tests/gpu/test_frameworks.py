@@ -246,7 +246,7 @@ def test_vllm_low_latency_through_the_deep_ep_alias(ctx):
                         recv_hook()
                     torch.cuda.synchronize()
                     ll.check_combine(output, rows, mine.topk_idx, mine.topk_weights, case, n,
-                                  f"{what} combine (recv hook {do_recv_hook})")
+                                     f"{what} combine (recv hook {do_recv_hook})")
         finally:
             buffer.destroy()
 

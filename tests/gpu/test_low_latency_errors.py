@@ -40,6 +40,12 @@ TIMEOUT_S = 3.0
 HOST_GRACE_S = 2.0
 
 
+def lacking(message: str, words) -> list:
+    """The words of `words` that `message` does not hold as words (so "x" is
+    not found in "expected", nor "out" in "without")."""
+    return [w for w in words if not re.search(rf"(?<!\w){re.escape(w)}(?!\w)", message)]
+
+
 def raises_naming(what: str, fn, *words, kinds=(TypeError, ValueError)):
     """fn raises one of `kinds` with every word of `words` in its message."""
     count_check()
@@ -47,7 +53,7 @@ def raises_naming(what: str, fn, *words, kinds=(TypeError, ValueError)):
     try:
         fn()
     except kinds as e:
-        missing = [w for w in words if w not in str(e)]
+        missing = lacking(str(e), words)
         if missing:
             raise AssertionError(f"{what}: {type(e).__name__} raised, but its message lacks {missing}: {e}") from e
         return e
@@ -98,7 +104,6 @@ def bad_dispatch_calls(buf, case: LLCase, n: int, x, topk_idx, weights, dev):
         ("dispatch_wait_recv_cost_stats int32",
          call(dispatch_wait_recv_cost_stats=torch.zeros(n, dtype=torch.int32, device=dev)),
          ("dispatch_wait_recv_cost_stats",)),
-        ("an argument of a DeepEP fork", call(x_global_scale=torch.ones(1, device=dev)), ("x_global_scale",)),
     ]
 
 
@@ -114,6 +119,12 @@ def test_bad_arguments_raise_and_the_buffer_goes_on(ctx):
         for what, call, words in bad_dispatch_calls(buf, CASE, n, x, topk_idx, weights, dev):
             raises_naming(f"n={n} dispatch: {what}", call, *words)
             round_trip(ctx, buf, CASE, n, f"n={n} after dispatch with {what}")
+        # The arguments of DeepEP forks are not ours: TypeError naming them.
+        for name, value in (("x_global_scale", torch.ones(1, device=dev)), ("use_nvfp4", True)):
+            raises_naming(f"n={n} dispatch: {name} (a DeepEP fork's)",
+                          lambda: buf.low_latency_dispatch(x, topk_idx, CASE.max_tokens, CASE.experts, use_fp8=False,
+                                                           **{name: value}), name, kinds=(TypeError,))
+        round_trip(ctx, buf, CASE, n, f"n={n} after a DeepEP fork's arguments")
 
         # Unsupported hidden sizes.
         for what, hidden, fp8, words in (("hidden 2880 with use_fp8", 2880, True, ("hidden",)),
@@ -224,13 +235,13 @@ def test_buffer_without_low_latency_mode_or_too_small(ctx):
 test_buffer_without_low_latency_mode_or_too_small.timeout = 180
 
 
-def raised_once(buf, fn, what: str, *words):
-    """fn, a synchronize, then check_errors: exactly one of fn and check_errors
-    raises ValueError with every word of `words` (fn if the GPU had found the
-    error before fn returned, else check_errors); check_errors then raises
-    nothing: the error is reported once."""
+def raised_once(buf, steps, what: str, *words) -> None:
+    """Runs `steps` (the bad call first): exactly one of them raises, a
+    ValueError with every word of `words` (the bad call itself if the GPU had
+    found the error before it returned, else the later call that asks);
+    check_errors then raises nothing: the error is reported once."""
     errors = []
-    for step in (fn, torch.cuda.synchronize, buf.check_errors):
+    for step in steps:
         try:
             step()
         except Exception as e:  # noqa: BLE001 - checked below
@@ -238,26 +249,43 @@ def raised_once(buf, fn, what: str, *words):
     assert len(errors) == 1, f"{what}: expected one error, got {errors!r}"
     err = errors[0]
     assert isinstance(err, ValueError), f"{what}: expected ValueError, got {type(err).__name__}: {err}"
-    missing = [w for w in words if w not in str(err)]
+    missing = lacking(str(err), words)
     assert not missing, f"{what}: the message lacks {missing}: {err}"
     buf.check_errors()
 
 
 def test_expert_ids_out_of_range_fail_on_every_rank(ctx):
+    """Rank b passes an expert id outside [-1, E): after a synchronize, the
+    next call of the buffer (rounds 1 and 2: check_errors; round 3: a correct
+    low_latency_dispatch) raises ValueError on every rank, naming topk_idx (and
+    the value on rank b, rank b elsewhere); the next round trip is right."""
     n, g = world(ctx)
     if CASE.unfit(n):
         ctx.skip(f"{CASE}: {CASE.unfit(n)}")
     dev, me = ctx.device, ctx.rank
     with ctx.buffer(g, num_rdma_bytes=size_hint([CASE], n), low_latency_mode=True) as buf:
-        for bad_rank, bad_value in ((n - 1, CASE.experts), (0, -2), (n // 2, CASE.experts + 1000)):
+        rounds = ((n - 1, CASE.experts, "check_errors"), (0, -2, "check_errors"),
+                  (n // 2, CASE.experts + 1000, "the next dispatch"))
+        for bad_rank, bad_value, asker in rounds:
             inp = inputs_of(CASE, n, me)
             ids = inp.topk_idx.clone()
             if me == bad_rank:
                 ids[5, 3] = bad_value
             words = ("topk_idx", str(bad_value)) if me == bad_rank else ("topk_idx", f"rank {bad_rank}")
-            what = f"n={n} rank {bad_rank} passes expert id {bad_value}"
-            raised_once(buf, lambda: buf.low_latency_dispatch(inp.x.to(dev), ids.to(dev), CASE.max_tokens,
-                                                              CASE.experts, use_fp8=False), what, *words)
+            what = f"n={n} rank {bad_rank} passes expert id {bad_value}, raised by {asker}"
+            x, good_ids = inp.x.to(dev), inp.topk_idx.to(dev)
+
+            def bad():
+                buf.low_latency_dispatch(x, ids.to(dev), CASE.max_tokens, CASE.experts, use_fp8=False)
+
+            def next_dispatch():
+                buf.low_latency_dispatch(x, good_ids, CASE.max_tokens, CASE.experts, use_fp8=False)
+
+            if asker == "check_errors":
+                steps = (bad, torch.cuda.synchronize, buf.check_errors)
+            else:
+                steps = (bad, torch.cuda.synchronize, next_dispatch, torch.cuda.synchronize)
+            raised_once(buf, steps, what, *words)
             ctx.all_gather(None, g)
             round_trip(ctx, buf, CASE, n, f"{what}: the next round trip")
 

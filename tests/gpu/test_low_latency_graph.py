@@ -12,7 +12,8 @@ two live result sets.
   naming `handle`) rather than combined from overwritten rows.
 - Hooks: a send-only call followed by hook() gives the eager call's result;
   two dispatches outstanding before their hooks; a hook on another stream;
-  return_recv_hook with async_finish; async_finish alone.
+  return_recv_hook with async_finish refused by name (as in DeepEP: the hook's
+  receive runs on the stream current when it is called); async_finish alone.
 """
 import torch
 
@@ -207,28 +208,27 @@ def test_receive_hooks(ctx):
         eager = dispatch(buf, case, mine, dev)
         torch.cuda.synchronize()
         want, canon = dispatch_snapshot(eager, case, f"n={n} eager", dev)
-        eager_combined, _, _ = combine_call(buf, outputs_for(canon), eager[2], topk_idx, weights)
+        eager_y = outputs_for(canon)
+        eager_combined, _, _ = combine_call(buf, eager_y, eager[2], topk_idx, weights)
         torch.cuda.synchronize()
         eager_bits = eager_combined.view(torch.int16).cpu()
 
-        def hooked(what, async_finish=False, hook_stream=None):
-            out = dispatch(buf, case, mine, dev, return_recv_hook=True, async_finish=async_finish)
+        def hooked(what, hook_stream=None):
+            out = dispatch(buf, case, mine, dev, return_recv_hook=True)
             assert callable(out[4]), f"{what}: dispatch's hook must be callable with return_recv_hook"
-            call_hook(out[3], out[4], async_finish, hook_stream)
+            call_hook(out[4], hook_stream)
             torch.cuda.synchronize()
             check_dispatch(out, refs[case][me], case, n, what, dev)
             got, canon = dispatch_snapshot(out, case, what, dev)
             assert_same_snapshot(got, want, f"{what}: vs eager")
-            combined, event, hook = combine_call(buf, outputs_for(canon), out[2], topk_idx, weights,
-                                                 return_recv_hook=True, async_finish=async_finish)
+            combined, _, hook = combine_call(buf, outputs_for(canon), out[2], topk_idx, weights,
+                                             return_recv_hook=True)
             assert callable(hook), f"{what}: combine's hook must be callable with return_recv_hook"
-            call_hook(event, hook, async_finish, hook_stream)
+            call_hook(hook, hook_stream)
             torch.cuda.synchronize()
             assert_equal(combined.view(torch.int16), eager_bits, f"{what}: combined_x vs eager")
 
-        def call_hook(event, hook, async_finish, hook_stream):
-            if async_finish:
-                event.current_stream_wait()
+        def call_hook(hook, hook_stream):
             if hook_stream is None:
                 hook()
                 return
@@ -241,6 +241,9 @@ def test_receive_hooks(ctx):
         # As in DeepEP, a hook's receive runs on the stream current when it is
         # called, so async_finish has nothing to finish: refused by name.
         assert_raises(ValueError, lambda: dispatch(buf, case, mine, dev, return_recv_hook=True, async_finish=True),
+                      "return_recv_hook", "async_finish")
+        assert_raises(ValueError, lambda: buf.low_latency_combine(eager_y, topk_idx, weights, eager[2],
+                                                                  return_recv_hook=True, async_finish=True),
                       "return_recv_hook", "async_finish")
         hooked(f"n={n} hook on another stream", hook_stream=torch.cuda.Stream())
         check_combine(eager_combined, rows, mine.topk_idx, mine.topk_weights, case, n, f"n={n} eager combine")
