@@ -82,8 +82,6 @@ class LLCase:
             return f"{self.kind} routing: top-{self.topk} of {distinct} experts"
         if self.use_fp8 and self.hidden % 128:
             return f"hidden {self.hidden} with FP8 (needs a multiple of 128)"
-        if self.use_ue8m0 and self.hidden % 512:
-            return f"hidden {self.hidden} with UE8M0 (the reference packs whole int32 words: a multiple of 512)"
         return None
 
     def __str__(self) -> str:
@@ -143,10 +141,28 @@ def bits(x: torch.Tensor) -> np.ndarray:
 
 
 def reference_dispatch(case: LLCase, n: int, all_inputs: List[LLInputs]):
+    """Every rank's reference result. The reference packs UE8M0 scales in whole
+    int32 words only (hidden a multiple of 512); for another hidden it runs
+    without use_ue8m0 (the same e4m3 bytes and power-of-two float scales) and
+    check_dispatch packs those scales itself (ue8m0_words)."""
     return turnout_reference.low_latency_dispatch([bits(i.x) for i in all_inputs],
                                                   [i.topk_idx.numpy() for i in all_inputs], case.max_tokens,
                                                   case.experts, use_fp8=case.use_fp8, round_scale=case.round_scale,
-                                                  use_ue8m0=case.use_ue8m0)
+                                                  use_ue8m0=case.use_ue8m0 and case.hidden % 512 == 0)
+
+
+def ue8m0_words(scales: np.ndarray) -> np.ndarray:
+    """[N, G] power-of-two float32 scales -> int32 [N, ceil(G / 4)]: byte j of
+    word i the biased exponent of group 4i + j, the bytes past group G - 1 zero
+    (use_ue8m0's packing, as the README states it)."""
+    bits32 = np.ascontiguousarray(scales, dtype=np.float32).view(np.uint32)
+    assert not (bits32 & 0x807FFFFF).any(), "the reference's round_scale scales are not all positive powers of two"
+    num_rows, num_groups = bits32.shape
+    num_words = (num_groups + 3) // 4
+    exponents = np.zeros((num_rows, 4 * num_words), np.uint32)
+    exponents[:, :num_groups] = bits32 >> 23
+    shifted = exponents.reshape(num_rows, num_words, 4) << np.array([0, 8, 16, 24], np.uint32)
+    return np.bitwise_or.reduce(shifted, axis=-1).astype(np.uint32).view(np.int32)
 
 
 def size_hint(cases, n: int) -> int:
@@ -258,8 +274,9 @@ def check_dispatch(out, ref, case: LLCase, n: int, what: str, device) -> Canonic
         assert_equal(data.view(torch.uint8)[le, row], reference_rows(ref, "recv_x_fp8"), f"{what}: e4m3 rows")
         # Indexing reads through the column-major strides checked above.
         if case.use_ue8m0:
-            assert_equal(scales[le, row], reference_rows(ref, "recv_packed_scales").view(np.int32),
-                         f"{what}: packed ue8m0 scales")
+            want = (reference_rows(ref, "recv_packed_scales").view(np.int32) if ref.use_ue8m0 else
+                    ue8m0_words(reference_rows(ref, "recv_scales")))
+            assert_equal(scales[le, row], want, f"{what}: packed ue8m0 scales")
         else:
             assert_equal(scales[le, row].view(torch.int32), reference_rows(ref, "recv_scales").view(np.int32),
                          f"{what}: scales")
