@@ -47,7 +47,8 @@ struct LowLatencyDispatchArgs {
   int hidden = 0;                     // multiple of 8; of 128 with use_fp8
   const int64_t* topk_idx = nullptr;  // [T, K] global expert ids, -1 = none
   int num_topk = 0;                   // K in 1..kLowLatencyMaxTopk
-  // Optional [T, K]: the expert ranks pre-reduce combine with these.
+  // Optional [T, K]: the expert ranks pre-reduce combine with these, if every
+  // rank with tokens gives them (else combine sends one row per (token, expert)).
   const float* topk_weights = nullptr;
   int num_max_tokens = 0;  // M
   int num_experts = 0;     // E, a multiple of R
@@ -73,7 +74,7 @@ struct LowLatencyDispatchArgs {
 struct LowLatencyCombineArgs {
   const void* x = nullptr;              // [L, M*R, hidden] bf16, rows as dispatch placed them
   const int64_t* topk_idx = nullptr;    // [T, K] this rank's dispatch's
-  const float* topk_weights = nullptr;  // [T, K]; unread when the dispatch had weights
+  const float* topk_weights = nullptr;  // [T, K]; unread when the dispatch pre-reduces
   int num_tokens = 0;
   int num_topk = 0;
   int hidden = 0;
