@@ -301,8 +301,9 @@ __device__ void send_rows(const CombineParams& p, const NvlinkTransport& transpo
   }
 }
 
+// One call's send, on every thread of the grid.
 template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_send_kernel(const CombineParams p) {
+__device__ __forceinline__ void send_call(const CombineParams& p) {
   const Group& g = p.group;
   const NvlinkTransport transport{g.regions, g.rank};
   auto* fixed = reinterpret_cast<FixedArea*>(transport.local());
@@ -418,8 +419,9 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
   }
 }
 
+// One call's receive, on every thread of the grid.
 template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_recv_kernel(const CombineParams p) {
+__device__ __forceinline__ void recv_call(const CombineParams& p) {
   const LowLatencyCombineArgs& a = p.args;
   const Group& g = p.group;
   const NvlinkTransport transport{g.regions, g.rank};
@@ -460,29 +462,52 @@ __global__ void __launch_bounds__(kThreads, 1) low_latency_combine_recv_kernel(c
   finish_call(&fixed->local.combine_recv, seq, [] {});
 }
 
+template <bool kLogfmt>
+__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_send_kernel(const CombineParams p) {
+  send_call<kLogfmt>(p);
+}
+
+template <bool kLogfmt>
+__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_recv_kernel(const CombineParams p) {
+  recv_call<kLogfmt>(p);
+}
+
+// Both in one launch, where every block of the grid is resident at once (a
+// GPU no other rank of the group shares): a block that has sent waits for
+// every expert rank, this one's own last block among them.
+template <bool kLogfmt>
+__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_kernel(const CombineParams p) {
+  send_call<kLogfmt>(p);
+  recv_call<kLogfmt>(p);
+}
+
 CombineParams make_params(const LowLatencyCombineArgs& args, const Region& region, const Group& group) {
   return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
 }
 
-}  // namespace
-
-void launch_combine_send(const LowLatencyCombineArgs& args, const Region& region, const Group& group,
-                         cudaStream_t stream) {
-  const CombineParams p = make_params(args, region, group);
-  if (args.use_logfmt)
-    low_latency_combine_send_kernel<true><<<group.num_blocks, kThreads, 0, stream>>>(p);
-  else
-    low_latency_combine_send_kernel<false><<<group.num_blocks, kThreads, 0, stream>>>(p);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+template <bool kLogfmt>
+void launch(const CombineParams& p, int num_blocks, LowLatencyPhase phase, bool one_kernel, cudaStream_t stream) {
+  if (phase == LowLatencyPhase::kSend)
+    low_latency_combine_send_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+  else if (phase == LowLatencyPhase::kReceive)
+    low_latency_combine_recv_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+  else if (one_kernel)
+    low_latency_combine_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+  else {
+    low_latency_combine_send_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+    low_latency_combine_recv_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+  }
 }
 
-void launch_combine_recv(const LowLatencyCombineArgs& args, const Region& region, const Group& group,
-                         cudaStream_t stream) {
+}  // namespace
+
+void launch_combine(const LowLatencyCombineArgs& args, const Region& region, const Group& group, LowLatencyPhase phase,
+                    cudaStream_t stream) {
   const CombineParams p = make_params(args, region, group);
   if (args.use_logfmt)
-    low_latency_combine_recv_kernel<true><<<group.num_blocks, kThreads, 0, stream>>>(p);
+    launch<true>(p, group.num_blocks, phase, group.gpu_to_itself, stream);
   else
-    low_latency_combine_recv_kernel<false><<<group.num_blocks, kThreads, 0, stream>>>(p);
+    launch<false>(p, group.num_blocks, phase, group.gpu_to_itself, stream);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

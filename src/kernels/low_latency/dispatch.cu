@@ -2,8 +2,10 @@
 // holds one of its experts, into the token's message slot in that rank's
 // region; its last block then gives every rank a signal: the counts per
 // expert, and the flag. The receive kernel waits for every source's flag and
-// places the messages into the rows of each local expert. No block waits for
-// another block of its grid.
+// places the messages into the rows of each local expert. Apart, no block
+// waits for another block of its grid; a rank alone on its GPU runs both in
+// one kernel (one launch less), where a block's receive waits for the send of
+// the rank's own last block.
 //
 // Send: a block's tokens are t = block + j * blocks. Its warps form teams,
 // one token per team at a time; with fewer tokens than warps a team has
@@ -33,22 +35,18 @@
 namespace turnout::kernels::low_latency {
 namespace {
 
-// Send: many warps, so that a few tokens still spread over a block.
-constexpr int kSendThreads = 512;
-constexpr int kSendWarps = kSendThreads / 32;
-// Receive: fewer warps with more registers each. Bytes in flight per SM are
-// the same as twice the warps with half the words, but one warp moves an FP8
-// row of 7168 in one pass.
-constexpr int kRecvThreads = 256;
-constexpr int kRecvWarps = kRecvThreads / 32;
+// Many warps, so that a few tokens still spread over a block. Send and
+// receive take the same block, so that one kernel can run both.
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
 constexpr int kHeaderWords = sizeof(MessageHeader) / 16;
 // Send: a warp takes a row in units of 64 words (512 channels, four scale
 // groups), two words a lane, and loads this many units before it stores.
 constexpr int kUnitWords = 64;
 constexpr int kUnitsPerPass = 4;
-// Receive: 16-byte words a lane has in flight while copying a row (one pass
-// for an FP8 row of 7168).
-constexpr int kCopyWords = 16;
+// Receive: 16-byte words a lane has in flight while copying a row (within
+// the 128 registers a 512-thread block leaves a thread).
+constexpr int kCopyWords = 8;
 // Receive: 32-slot steps of a header scan whose loads go out together.
 constexpr int kScanSteps = 4;
 
@@ -57,7 +55,7 @@ static_assert(offsetof(FixedArea, dispatch) % 16 == 0 && sizeof(DispatchSignal) 
                   offsetof(DispatchSignal, count) % 16 == 0,
               "signal counts move in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
-constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kRecvThreads - 1) / kRecvThreads;
+constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
 static_assert(kLowLatencyMaxHidden / kGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
 static_assert(kMaxRanks <= 32);
 
@@ -88,7 +86,7 @@ __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, v
 // One token per team at a time: as many teams as the block has tokens (a
 // power of two, at most one a warp).
 struct Teams {
-  int count;  // divides kSendWarps
+  int count;  // divides kWarps
   int warps;  // per team
 };
 
@@ -96,8 +94,8 @@ __device__ __forceinline__ Teams token_teams(int num_tokens) {
   const int blocks = static_cast<int>(gridDim.x);
   const int per_block = (num_tokens + blocks - 1) / blocks;
   int count = 1;
-  while (count < per_block && count < kSendWarps) count *= 2;
-  return {count, kSendWarps / count};
+  while (count < per_block && count < kWarps) count *= 2;
+  return {count, kWarps / count};
 }
 
 // What one warp loads of a bf16 row before it stores: units first, first +
@@ -303,10 +301,9 @@ __device__ __forceinline__ void send_signals(const DispatchParams& p, const Nvli
   if (threadIdx.x == 0) state->dispatch_input_error = 0;
 }
 
-__global__ void __launch_bounds__(kSendThreads, 1) low_latency_dispatch_send_kernel(const DispatchParams p) {
-  __shared__ void* table[kMaxRanks];
-  __shared__ __align__(16) MessageHeader headers[kSendWarps][kMaxRanks];
-  const NvlinkTransport tr = block_transport(p.group, table);
+// One call's send, on every thread of the grid.
+__device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkTransport& tr) {
+  __shared__ __align__(16) MessageHeader headers[kWarps][kMaxRanks];
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   const uint32_t seq = call_number(&state->dispatch_send);
   const int parity = static_cast<int>(seq & 1);
@@ -383,13 +380,13 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, 
   if (lane == 31) warp_sums[warp] = sum;
   __syncthreads();
   if (warp == 0) {
-    int32_t total = lane < kRecvWarps ? warp_sums[lane] : 0;
+    int32_t total = lane < kWarps ? warp_sums[lane] : 0;
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
       const int32_t v = __shfl_up_sync(~0u, total, d);
       if (lane >= d) total += v;
     }
-    if (lane < kRecvWarps) warp_sums[lane] = total;
+    if (lane < kWarps) warp_sums[lane] = total;
   }
   __syncthreads();
   int32_t before = (warp > 0 ? warp_sums[warp - 1] : 0) + sum - mine;
@@ -398,7 +395,7 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, 
     if (i0 + u < num_pairs) first_row[i0 + u] = before;
     before += c[u];
   }
-  if (threadIdx.x == 0) first_row[num_pairs] = warp_sums[kRecvWarps - 1];
+  if (threadIdx.x == 0) first_row[num_pairs] = warp_sums[kWarps - 1];
   __syncthreads();
 }
 
@@ -408,8 +405,8 @@ __device__ __forceinline__ void write_counts(const DispatchParams& p, const int3
                                              const int32_t* source_tokens, int32_t has_weights) {
   const LowLatencyDispatchArgs& a = p.args;
   const int R = p.group.num_ranks, E = a.num_experts;
-  const int threads = static_cast<int>(gridDim.x) * kRecvThreads;
-  const int id = static_cast<int>(blockIdx.x) * kRecvThreads + static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(gridDim.x) * kThreads;
+  const int id = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
   char* plan = static_cast<char*>(a.plan);
   auto* plan_recv_count = reinterpret_cast<int32_t*>(plan + p.plan.recv_count);
   for (int i = id; i < E; i += threads) {
@@ -438,7 +435,7 @@ __device__ __forceinline__ bool is_message(const int4& head, uint32_t seq, int t
 __device__ __forceinline__ void write_token_entries(const DispatchParams& p, const char* local, uint32_t seq,
                                                     int parity, const int32_t* source_tokens) {
   const int R = p.group.num_ranks, M = p.args.num_max_tokens;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRecvWarps;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
   auto* entries = reinterpret_cast<int32_t*>(static_cast<char*>(p.args.plan) + p.plan.token_entries);
   for (int64_t i = (warps - 1 - g) * 32 + threadIdx.x % 32; i < static_cast<int64_t>(R) * M; i += warps * 32) {
@@ -598,7 +595,7 @@ __device__ __forceinline__ void place_pair_rows(const DispatchParams& p, const c
 __device__ __forceinline__ void place_rows(const DispatchParams& p, const char* local, uint32_t seq, int parity,
                                            const int32_t* first_row, const int32_t* source_tokens) {
   const int E = p.args.num_experts, lane = threadIdx.x % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRecvWarps;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
   const int64_t total = first_row[E];
   int row = static_cast<int>(g * total / warps);
@@ -621,14 +618,14 @@ __device__ __forceinline__ void place_rows(const DispatchParams& p, const char* 
   }
 }
 
-__global__ void __launch_bounds__(kRecvThreads, 1) low_latency_dispatch_recv_kernel(const DispatchParams p) {
-  __shared__ void* table[kMaxRanks];
+// One call's receive, on every thread of the grid.
+__device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkTransport& tr) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
-  __shared__ int32_t warp_sums[kRecvWarps];
+  __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxRanks];
   __shared__ uint32_t failed_sources, weightless_sources;
   if (threadIdx.x == 0) failed_sources = weightless_sources = 0;
-  const NvlinkTransport tr = block_transport(p.group, table);
+  __syncthreads();
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const uint32_t seq = call_number(&fixed->local.dispatch_recv);
@@ -654,21 +651,45 @@ __global__ void __launch_bounds__(kRecvThreads, 1) low_latency_dispatch_recv_ker
   finish_call(&fixed->local.dispatch_recv, seq, [] {});
 }
 
+__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_send_kernel(const DispatchParams p) {
+  __shared__ void* table[kMaxRanks];
+  send_call(p, block_transport(p.group, table));
+}
+
+__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_recv_kernel(const DispatchParams p) {
+  __shared__ void* table[kMaxRanks];
+  recv_call(p, block_transport(p.group, table));
+}
+
+// Both in one launch. A block that has sent waits for every source, this
+// rank's own last block among them: only safe where every block of the grid
+// is resident at once, i.e. on a GPU no other rank of the group shares.
+__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_kernel(const DispatchParams p) {
+  __shared__ void* table[kMaxRanks];
+  const NvlinkTransport tr = block_transport(p.group, table);
+  send_call(p, tr);
+  recv_call(p, tr);
+}
+
 DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& region, const Group& group) {
   return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
 }
 
 }  // namespace
 
-void launch_dispatch_send(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
-                          cudaStream_t stream) {
-  low_latency_dispatch_send_kernel<<<group.num_blocks, kSendThreads, 0, stream>>>(make_params(args, region, group));
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_dispatch_recv(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
-                          cudaStream_t stream) {
-  low_latency_dispatch_recv_kernel<<<group.num_blocks, kRecvThreads, 0, stream>>>(make_params(args, region, group));
+void launch_dispatch(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
+                     LowLatencyPhase phase, cudaStream_t stream) {
+  const DispatchParams p = make_params(args, region, group);
+  if (phase == LowLatencyPhase::kSend)
+    low_latency_dispatch_send_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+  else if (phase == LowLatencyPhase::kReceive)
+    low_latency_dispatch_recv_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+  else if (group.gpu_to_itself)
+    low_latency_dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+  else {
+    low_latency_dispatch_send_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+    low_latency_dispatch_recv_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+  }
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

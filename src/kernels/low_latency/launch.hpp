@@ -18,18 +18,19 @@ struct Group {
   int rank = 0;                    // this rank's index in the table
   int num_ranks = 0;
   int num_blocks = 1;  // at most the rank's SM budget: receives spin, peers need SMs too
+  // No other rank of the group runs on this GPU: every block of a grid is
+  // resident at once, so a call's send and receive can share one kernel.
+  bool gpu_to_itself = false;
   WaitContext wait;
 };
 
-// Sends never wait: each writes its messages, then one flag per peer.
-void launch_dispatch_send(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
-                          cudaStream_t stream);
-// Waits for every peer's flag, then places the rows and writes the outputs.
-void launch_dispatch_recv(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
-                          cudaStream_t stream);
-void launch_combine_send(const LowLatencyCombineArgs& args, const Region& region, const Group& group,
-                         cudaStream_t stream);
-void launch_combine_recv(const LowLatencyCombineArgs& args, const Region& region, const Group& group,
-                         cudaStream_t stream);
+// A phase of a call, or the whole call: sends never wait (each writes its
+// messages, then one flag per peer); receives wait for every peer's flag,
+// then place the rows (dispatch) or sum them (combine). A whole call is one
+// kernel where group.gpu_to_itself, else the send's kernel and the receive's.
+void launch_dispatch(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
+                     LowLatencyPhase phase, cudaStream_t stream);
+void launch_combine(const LowLatencyCombineArgs& args, const Region& region, const Group& group, LowLatencyPhase phase,
+                    cudaStream_t stream);
 
 }  // namespace turnout::kernels::low_latency

@@ -58,6 +58,7 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
   shape.group.rank = core.topology().nvl_rank();
   shape.group.num_ranks = R;
   shape.group.num_blocks = core.sm_budget();
+  shape.group.gpu_to_itself = core.ranks_on_gpu() == 1;
   core.begin_call();
   shape.group.wait = core.wait_context(kind);
   return shape;

@@ -31,10 +31,7 @@ void combine(BufferCore& core, const LowLatencyCombineArgs& args, LowLatencyPhas
   const OpShape shape =
       begin_op(core, op, OpKind::kLowLatencyCombine, args.num_max_tokens, args.hidden, args.num_experts, args.num_topk);
   check_combine(args);
-  if (phase != LowLatencyPhase::kReceive)
-    kernels::low_latency::launch_combine_send(args, shape.region, shape.group, stream);
-  if (phase != LowLatencyPhase::kSend)
-    kernels::low_latency::launch_combine_recv(args, shape.region, shape.group, stream);
+  kernels::low_latency::launch_combine(args, shape.region, shape.group, phase, stream);
   core.check_errors(op);
 }
 

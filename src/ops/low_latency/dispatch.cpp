@@ -10,7 +10,7 @@ namespace {
 
 using ops::require;
 
-void check_dispatch(const LowLatencyDispatchArgs& a, int num_ranks) {
+void check_dispatch(const LowLatencyDispatchArgs& a) {
   const char* op = "low_latency_dispatch";
   require(a.num_tokens >= 0 && a.num_tokens <= a.num_max_tokens, op, [&] {
     return "x has " + std::to_string(a.num_tokens) +
@@ -28,7 +28,6 @@ void check_dispatch(const LowLatencyDispatchArgs& a, int num_ranks) {
   require(a.plan && is_aligned(a.plan, 16), op, "plan must be a 16-byte aligned device pointer");
   require(!a.use_fp8 || a.use_ue8m0 || a.recv_scales, op, "recv_scales must not be null with use_fp8");
   require(!a.use_ue8m0 || a.recv_packed_scales, op, "recv_packed_scales must not be null with use_ue8m0");
-  (void)num_ranks;
 }
 
 }  // namespace
@@ -37,11 +36,8 @@ void dispatch(BufferCore& core, const LowLatencyDispatchArgs& args, LowLatencyPh
   const char* op = "low_latency_dispatch";
   const OpShape shape = begin_op(core, op, OpKind::kLowLatencyDispatch, args.num_max_tokens, args.hidden,
                                  args.num_experts, args.num_topk);
-  check_dispatch(args, shape.group.num_ranks);
-  if (phase != LowLatencyPhase::kReceive)
-    kernels::low_latency::launch_dispatch_send(args, shape.region, shape.group, stream);
-  if (phase != LowLatencyPhase::kSend)
-    kernels::low_latency::launch_dispatch_recv(args, shape.region, shape.group, stream);
+  check_dispatch(args);
+  kernels::low_latency::launch_dispatch(args, shape.region, shape.group, phase, stream);
   core.check_errors(op);
 }
 
