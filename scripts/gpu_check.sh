@@ -4,6 +4,8 @@
 # JSON go to $OUT (or build/out). Prints a short summary last.
 #
 #   SUITE_RANKS="2 8"      extra GPU-suite runs, one per rank count ("" for none)
+#   SHARED_RANKS="2 4 8"   GPU-suite runs with all ranks on one GPU, each run
+#                          on a GPU of its own, at once (in turns where GPUs are fewer)
 #   SUITE_ARGS="-x test_intranode::"  passed to those runs (-k / -x pick tests)
 #   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
@@ -14,6 +16,7 @@ out=$(cd "${OUT:-build/out}" && pwd)  # absolute: the bench runs from /tmp
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 bench_args=${BENCH_ARGS:-}
 suite_ranks=${SUITE_RANKS-}
+shared_ranks=${SHARED_RANKS-}
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$out/gpus.txt" 2>&1
 nvidia-smi topo -m > "$out/topology.txt" 2>&1
@@ -32,6 +35,23 @@ for n in $suite_ranks; do
   python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/suite-$n.log" 2>&1
   suite_lines+=("GPU suite --ranks $n: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/suite-$n.log")")
 done
+num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+((num_gpus > 0)) || num_gpus=1
+status_dir=$(mktemp -d)
+i=0
+for n in $shared_ranks; do
+  gpu=$((i % num_gpus))
+  (
+    start=$(date +%s)
+    CUDA_VISIBLE_DEVICES=$gpu python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
+    echo "GPU suite --ranks $n, all on GPU $gpu: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")" \
+      > "$status_dir/$n"
+  ) &
+  i=$((i + 1))
+  ((i % num_gpus == 0)) && wait
+done
+wait
+for n in $shared_ranks; do suite_lines+=("$(cat "$status_dir/$n")"); done
 bench_status=skipped
 if [ "$bench_args" != none ]; then
   (cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
@@ -40,6 +60,7 @@ fi
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
 for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
+for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log"; done
 [ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"
 cat "$out/gpus.txt"

@@ -47,6 +47,15 @@ def check_tensor(op: str, arg: str, t, dtype: Optional[torch.dtype] = None, ndim
     return t
 
 
+def is_plain(t, dtype: torch.dtype, shape: tuple, device_index: int) -> bool:
+    """check_tensor's passing case as one expression, for hot paths: a
+    contiguous torch.Tensor of this dtype and shape on GPU ``device_index``.
+    False sends the caller to check_tensor, which names what is wrong (or
+    accepts what this is too strict for, a Tensor subclass say)."""
+    return (type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape and t.get_device() == device_index
+            and t.is_contiguous())
+
+
 def check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
     """Rows move as 16-byte words: a view that starts mid-word cannot."""
     if t.numel() and t.data_ptr() % 16:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from .. import _C
-from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail
+from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail, is_plain
 from ..event import EventOverlap
 from .context import OpContext
 from .streams import OpStreams, current_raw_stream
@@ -42,8 +42,8 @@ class _OutputSet:
     """One dispatch's outputs, the native args that point at them, and the
     generation (call number of its shape) whose results they hold."""
 
-    __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "generation", "combine_buffer",
-                 "owner", "num_local_experts", "num_rows")
+    __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "plan_ptr", "generation",
+                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape")
 
     def __init__(self, owner: object, num_max_tokens: int, hidden: int, num_experts: int, fmt: int, num_ranks: int,
                  device: torch.device) -> None:
@@ -74,6 +74,9 @@ class _OutputSet:
         self.owner = owner
         self.num_local_experts = local
         self.num_rows = rows
+        # What combine checks and passes on every call, made once.
+        self.expert_rows_shape = (local, rows, hidden)
+        self.plan_ptr = self.plan.data_ptr()
 
 
 class _Shape:
@@ -118,7 +121,8 @@ class LowLatencyHandle(tuple):
     holds its call's results: until the second later dispatch of its shape.
     """
 
-    # One attribute, set once per dispatch: (output set, generation, T, K, has_weights).
+    # One attribute, set once per dispatch: (output set, generation, T, K,
+    # has_weights, (T, K): the shape combine's topk_idx and weights must have).
     _info: tuple
 
     @property
@@ -280,7 +284,7 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
     event, hook = _launch(context, state, op, launch, args, tensors, async_finish, return_recv_hook)
     handle = LowLatencyHandle((outputs.src_info, outputs.layout_range, max_tokens, hidden, num_experts))
-    handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None)
+    handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None, (num_tokens, num_topk))
     return outputs.result, outputs.recv_count, handle, event, hook
 
 
@@ -302,7 +306,7 @@ def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: t
 
 
 def _check_handle(context: OpContext, op: str, handle) -> tuple:
-    """The handle's ``(output set, generation, T, K, has_weights)`` once it is
+    """The handle's ``(output set, generation, T, K, has_weights, (T, K))`` once it is
     known to come from this buffer's dispatch and to be still valid."""
     if not isinstance(handle, LowLatencyHandle):
         fail(op, "handle", "the handle a low_latency_dispatch of this buffer returned", type(handle).__name__,
@@ -324,11 +328,12 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
     """Buffer.low_latency_combine. Returns ``(combined_x, event, hook)``."""
     op = "low_latency_combine"
     state = _state(context, op)
-    device = context.device
-    outputs, _, num_tokens, num_topk, _ = _check_handle(context, op, handle)
+    device, index = context.device, context.device_index
+    outputs, _, num_tokens, num_topk, _, topk_shape = _check_handle(context, op, handle)
     max_tokens, hidden, num_experts = handle[2], handle[3], handle[4]
-    check_tensor(op, "x", x, dtype=torch.bfloat16, shape=(outputs.num_local_experts, outputs.num_rows, hidden),
-                 device=device)
+    # Each check in one expression first: this call's whole host budget is a few microseconds.
+    if not is_plain(x, torch.bfloat16, outputs.expert_rows_shape, index):
+        check_tensor(op, "x", x, dtype=torch.bfloat16, shape=outputs.expert_rows_shape, device=device)
     if zero_copy:
         if outputs.combine_buffer is None:
             fail(op, "zero_copy", "used after writing the rows into get_next_low_latency_combine_buffer(handle)",
@@ -336,9 +341,11 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
         x_ptr = outputs.combine_buffer.data_ptr()
     else:
         x_ptr = _aligned_ptr(op, "x", x)
-    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, shape=(num_tokens, num_topk), device=device)
+    if not is_plain(topk_idx, TOPK_IDX_DTYPE, topk_shape, index):
+        check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, shape=topk_shape, device=device)
     # Required even when dispatch had weights and these are not read (DeepEP's signature).
-    check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(num_tokens, num_topk), device=device)
+    if not is_plain(topk_weights, torch.float32, topk_shape, index):
+        check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=topk_shape, device=device)
     if use_logfmt and hidden % SCALE_GROUP:
         fail(op, "use_logfmt", f"False for a hidden size that is not a multiple of {SCALE_GROUP}",
              f"use_logfmt=True with hidden {hidden}")
@@ -346,14 +353,16 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
         fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
              "when it is called)", True)
     if out is None:
-        combined_x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+        # x is a bf16 tensor on this GPU by now: new_empty parses fewer arguments than torch.empty.
+        combined_x = x.new_empty((num_tokens, hidden))
+        out_ptr = combined_x.data_ptr()  # the allocator's blocks are 512-byte aligned
     else:
         combined_x = check_tensor(op, "out", out, dtype=torch.bfloat16, shape=(num_tokens, hidden), device=device)
-    out_ptr = _aligned_ptr(op, "out", combined_x)
-    wait_ptr = _stats_ptr(op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64,
-                          context.num_ranks, device)
+        out_ptr = _aligned_ptr(op, "out", combined_x)
+    wait_ptr = 0 if combine_wait_recv_cost_stats is None else _stats_ptr(
+        op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64, context.num_ranks, device)
     args = (x_ptr, num_tokens, num_topk, hidden, max_tokens, num_experts, topk_idx.data_ptr(), topk_weights.data_ptr(),
-            outputs.plan.data_ptr(), bool(use_logfmt), out_ptr, wait_ptr)
+            outputs.plan_ptr, bool(use_logfmt), out_ptr, wait_ptr)
     tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
     event, hook = _launch(context, state, op, context.native.low_latency_combine, args, tensors, async_finish,
                           return_recv_hook)
