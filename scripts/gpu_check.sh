@@ -4,8 +4,7 @@
 # JSON go to $OUT (or build/out). Prints a short summary last.
 #
 #   SUITE_RANKS="2 8"      extra GPU-suite runs, one per rank count ("" for none)
-#   SHARED_RANKS="2 4 8"   GPU-suite runs with all ranks on one GPU, each run
-#                          on a GPU of its own, at once (in turns where GPUs are fewer)
+#   SHARED_RANKS="2 4 8"   GPU-suite runs with all ranks sharing GPU 0, one per rank count
 #   SUITE_ARGS="-x test_intranode::"  passed to those runs (-k / -x pick tests)
 #   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
@@ -35,23 +34,12 @@ for n in $suite_ranks; do
   python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/suite-$n.log" 2>&1
   suite_lines+=("GPU suite --ranks $n: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/suite-$n.log")")
 done
-num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
-((num_gpus > 0)) || num_gpus=1
-status_dir=$(mktemp -d)
-i=0
+# In turns: a second run's MPS daemon beside a first one's left its ranks no GPU.
 for n in $shared_ranks; do
-  gpu=$((i % num_gpus))
-  (
-    start=$(date +%s)
-    CUDA_VISIBLE_DEVICES=$gpu python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
-    echo "GPU suite --ranks $n, all on GPU $gpu: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")" \
-      > "$status_dir/$n"
-  ) &
-  i=$((i + 1))
-  ((i % num_gpus == 0)) && wait
+  start=$(date +%s)
+  CUDA_VISIBLE_DEVICES=0 python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
+  suite_lines+=("GPU suite --ranks $n, all on GPU 0: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")")
 done
-wait
-for n in $shared_ranks; do suite_lines+=("$(cat "$status_dir/$n")"); done
 bench_status=skipped
 if [ "$bench_args" != none ]; then
   (cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
