@@ -52,7 +52,8 @@ def summarize(ks: list) -> dict:
         durs[name].append(dur)
         if i and "low_latency" in ks[i - 1][0]:
             gaps[name].append(start - ks[i - 1][1] - ks[i - 1][2])
-    return {name: {"dur_us": statistics.median(durs[name]), "gap_us": statistics.median(gaps[name]) if gaps[name] else None,
+    return {name: {"dur_us": statistics.median(durs[name]),
+                   "gap_us": statistics.median(gaps[name]) if gaps[name] else None,
                    "count": len(durs[name])} for name in durs}
 
 
@@ -99,7 +100,8 @@ def main() -> None:
     per_rank = run_on_local_gpus(measure, (args.tokens, args.hidden, args.trace), args.ranks, "nccl")
     for op in per_rank[0]:
         calls = [r[op]["per_call_us"] for r in per_rank]
-        print(f"== {op}: per call (last replay) {statistics.median(calls):.2f} us, ranks {min(calls):.2f}..{max(calls):.2f}")
+        print(f"== {op}: per call (last replay) {statistics.median(calls):.2f} us, "
+              f"ranks {min(calls):.2f}..{max(calls):.2f}")
         for name in per_rank[0][op]["kernels"]:
             durs = [r[op]["kernels"][name]["dur_us"] for r in per_rank if name in r[op]["kernels"]]
             gaps = [r[op]["kernels"][name]["gap_us"] for r in per_rank
