@@ -5,7 +5,7 @@ import torch
 
 import turnout
 from turnout import Buffer, Config, EventOverlap, topk_idx_t
-from turnout.checks import check_int, check_tensor
+from turnout.checks import check_int, check_tensor, is_plain
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -182,3 +182,18 @@ def test_event_handle_marks_the_current_stream():
         pass  # leaving the block makes the current stream wait
     torch.cuda.current_stream().synchronize()
     assert handle.query(), "the current stream waited, so the handle's work is done"
+
+
+def test_is_plain_holds_exactly_where_check_tensor_passes():
+    """The hot paths' one-expression test: true only for a contiguous plain
+    tensor of the dtype and shape on the device (a CPU tensor is device -1)."""
+    t = torch.zeros(3, 4, dtype=torch.float32)
+    assert is_plain(t, torch.float32, (3, 4), -1)
+    check_tensor("op", "t", t, dtype=torch.float32, shape=(3, 4), device=torch.device("cpu"))
+    assert not is_plain(t, torch.bfloat16, (3, 4), -1)
+    assert not is_plain(t, torch.float32, (4, 3), -1)
+    assert not is_plain(t, torch.float32, (3, 4, 1), -1)
+    assert not is_plain(t, torch.float32, (3, 4), 0), "a CPU tensor is not on GPU 0"
+    assert not is_plain(t.t(), torch.float32, (4, 3), -1), "a transposed view is not contiguous"
+    assert not is_plain(torch.nn.Parameter(t), torch.float32, (3, 4), -1), "a subclass goes to the full check"
+    assert not is_plain([[0.0] * 4] * 3, torch.float32, (3, 4), -1)
