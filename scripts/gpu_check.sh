@@ -8,6 +8,8 @@
 #   SUITE_ARGS="-x test_intranode::"  passed to those runs (-k / -x pick tests)
 #   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
+#   BASELINE=DIR           also bench an earlier tree (a copy of it in DIR, e.g. from
+#                          `git archive REV`) with this tree's bench, in the same run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-build/out}"
@@ -41,6 +43,17 @@ for n in $shared_ranks; do
   suite_lines+=("GPU suite --ranks $n, all on GPU 0: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")")
 done
 bench_status=skipped
+baseline_status=skipped
+if [ "$bench_args" != none ] && [ -n "${BASELINE:-}" ]; then
+  # The earlier library with this tree's bench over it: both sides time the same figures.
+  site=/tmp/turnout-baseline
+  rm -rf "$site" && python3 -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps \
+    --target "$site" "$BASELINE" -Cbuild-dir=/tmp/turnout-baseline-build > "$out/baseline-build.log" 2>&1 &&
+    rm -rf "$site/turnout/bench" && cp -r python/turnout/bench "$site/turnout/bench" &&
+    (cd /tmp && PYTHONPATH="$site" python3 -m turnout.bench $bench_args --json "$out/bench-baseline.json") \
+      > "$out/bench-baseline.log" 2>&1
+  baseline_status=$?
+fi
 if [ "$bench_args" != none ]; then
   (cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
   bench_status=$?
@@ -49,9 +62,10 @@ fi
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
 for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
 for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log"; done
+[ -f "$out/bench-baseline.log" ] && { echo "== bench-baseline.log (tail)"; tail -n 40 "$out/bench-baseline.log"; }
 [ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"
 cat "$out/gpus.txt"
 grep -E "tests passed|passed, .* failed|[0-9]+ passed|FAIL |GPU suite:" "$out/test.log" | tail -n 8
 for line in "${suite_lines[@]}"; do echo "$line"; done
-echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status"
+echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status; baseline bench: exit $baseline_status"

@@ -1,18 +1,22 @@
-// Low-latency mode: dispatch and combine of a few tokens (decoding), one send
-// and one receive kernel each, no host sync, CUDA-graph safe. On raw device
-// pointers; the Python Buffer is a thin layer over these structs.
+// Low-latency mode: dispatch and combine of a few tokens (decoding), a send
+// and a receive phase each (one launch, or one per phase), no host sync,
+// CUDA-graph safe. On raw device pointers; the Python Buffer is a thin layer
+// over these structs.
 //
 // A token crosses to each rank that holds one of its experts once; the
-// receiving rank places it in the rows of each of its experts. Combine sends
-// one row per (token, expert) back by default; with weights given to
-// dispatch, an expert rank sums its experts' weighted rows for a token and
-// sends one vector instead.
+// receiving rank places it in the rows of each of its experts. In combine an
+// expert rank sums its experts' weighted rows of a token and sends that one
+// vector back; the weights are the dispatch's where every rank gave them
+// there, else each rank's combine weights, which every rank publishes to
+// every other at the start of its combine.
 //
 // Every rank calls with the same M (num_max_tokens), hidden, num_experts and
-// num_topk. Sends never wait; receives wait (bounded by the timeout) for the
-// sends of every rank. The low-latency part of a buffer keeps two of each
-// op's receive areas, used in turn: a receive must run before the same op's
-// send two calls later on any rank.
+// num_topk, and makes the same calls in the same order. A dispatch send never
+// waits; a combine send waits (bounded by the timeout) only for the weights of
+// the ranks whose tokens it sums; receives wait for the sends of every rank.
+// The low-latency part of a buffer keeps two of each op's receive areas, used
+// in turn: a receive must run before the same op's send two calls later on
+// any rank.
 #pragma once
 
 #include <cstddef>
@@ -47,8 +51,8 @@ struct LowLatencyDispatchArgs {
   int hidden = 0;                     // multiple of 8; of 128 with use_fp8
   const int64_t* topk_idx = nullptr;  // [T, K] global expert ids, -1 = none
   int num_topk = 0;                   // K in 1..kLowLatencyMaxTopk
-  // Optional [T, K]: the expert ranks pre-reduce combine with these, if every
-  // rank with tokens gives them (else combine sends one row per (token, expert)).
+  // Optional [T, K]: combine sums with these, and reads none of its own, if
+  // every rank with tokens gives them (else every combine publishes its own).
   const float* topk_weights = nullptr;
   int num_max_tokens = 0;  // M
   int num_experts = 0;     // E, a multiple of R
@@ -74,7 +78,7 @@ struct LowLatencyDispatchArgs {
 struct LowLatencyCombineArgs {
   const void* x = nullptr;              // [L, M*R, hidden] bf16, rows as dispatch placed them
   const int64_t* topk_idx = nullptr;    // [T, K] this rank's dispatch's
-  const float* topk_weights = nullptr;  // [T, K]; unread when the dispatch pre-reduces
+  const float* topk_weights = nullptr;  // [T, K]; unread when the dispatch had weights
   int num_tokens = 0;
   int num_topk = 0;
   int hidden = 0;

@@ -100,9 +100,7 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   }
   peer_user_table_ = allocate_device(sizeof(user));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
-  peer_low_latency_table_ = allocate_device(sizeof(low_latency));
-  TURNOUT_CUDA_CHECK(
-      cudaMemcpy(peer_low_latency_table_.get(), low_latency, sizeof(low_latency), cudaMemcpyHostToDevice));
+  for (int i = 0; i < kMaxNvlRanks; ++i) peer_low_latency_[i] = low_latency[i];
   local_low_latency_ = low_latency[topology_.nvl_rank()];
 }
 
@@ -121,7 +119,7 @@ void BufferCore::destroy() {
     }
   }
   peer_user_table_.reset();
-  peer_low_latency_table_.reset();
+  peer_low_latency_.fill(nullptr);
   local_low_latency_ = nullptr;
   nvl_.reset();
   sync_event_.reset();
@@ -143,11 +141,6 @@ void* BufferCore::local_nvl_buffer() const {
 void* const* BufferCore::peer_nvl_table() const {
   require_alive("peer_nvl_table");
   return static_cast<void* const*>(peer_user_table_.get());
-}
-
-void* const* BufferCore::peer_low_latency_table() const {
-  require_alive("peer_low_latency_table");
-  return static_cast<void* const*>(peer_low_latency_table_.get());
 }
 
 kernels::WaitContext BufferCore::wait_context(OpKind op) const {

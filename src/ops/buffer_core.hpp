@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -41,7 +42,8 @@ class BufferCore {
   // rounded up; 0 and null without low_latency_mode).
   size_t low_latency_bytes() const { return low_latency_bytes_; }
   void* local_low_latency() const { return local_low_latency_; }
-  void* const* peer_low_latency_table() const;
+  // NVL peer i's low-latency region (i < num_nvl_ranks).
+  void* peer_low_latency(int i) const { return peer_low_latency_[i]; }
   bool timed_out() const { return errors_.timed_out(); }
 
   // Each op starts a call (numbered, so that an error names it); a dispatch
@@ -74,7 +76,7 @@ class BufferCore {
   DeviceErrorWord errors_;
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
-  DeviceMemory peer_low_latency_table_;
+  std::array<void*, kMaxNvlRanks> peer_low_latency_{};
   size_t low_latency_bytes_ = 0;
   void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;

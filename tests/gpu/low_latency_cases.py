@@ -438,15 +438,16 @@ def assert_combine_close(got: torch.Tensor, ref: np.ndarray, tol: np.ndarray, wh
 
 
 def check_combine(combined: torch.Tensor, mine: MyRows, topk_idx: torch.Tensor, weights: torch.Tensor,
-                  case: LLCase, n: int, what: str, pre_reduced: bool = False, logfmt: bool = False) -> None:
+                  case: LLCase, n: int, what: str, logfmt: bool = False) -> None:
     """combined_x against the fp64 reference of this rank's tokens.
-    `weights`: the weights the combine is to use (dispatch's when pre_reduced)."""
+    `weights`: the weights the combine is to use (the dispatch's when it had
+    them). Every expert rank sends one partial sum per token (pre-reduced)."""
     T = topk_idx.shape[0]
     assert combined.dtype == torch.bfloat16 and tuple(combined.shape) == (T, case.hidden), \
         f"{what}: combined_x is {combined.dtype} {tuple(combined.shape)}, expected bf16 {(T, case.hidden)}"
     ids, w = topk_idx.cpu().numpy(), weights.cpu().numpy()
     ref = mine.combine(ids, w)
-    tol = combine_tolerance(mine, ids, w, n, case.experts, pre_reduced, logfmt)
+    tol = combine_tolerance(mine, ids, w, n, case.experts, True, logfmt)
     assert_combine_close(combined, ref, tol, what)
 
 
@@ -529,8 +530,7 @@ def round_trip(ctx, buf, case: LLCase, n: int, what: str, weights_at_dispatch: b
         check_stats(torch.zeros(n, dtype=torch.int64), extra["combine_wait_recv_cost_stats"], elapsed,
                     f"{what}: combine_wait_recv_cost_stats")
     mine = MyRows(refs, me, mine_in.x)
-    check_combine(combined, mine, mine_in.topk_idx, mine_in.topk_weights, case, n, what,
-                  pre_reduced=weights_at_dispatch, logfmt=logfmt)
+    check_combine(combined, mine, mine_in.topk_idx, mine_in.topk_weights, case, n, what, logfmt=logfmt)
     return RoundTrip(inputs, refs, out, canon, mine, y, combined)
 
 

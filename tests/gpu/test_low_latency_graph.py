@@ -114,7 +114,7 @@ def graph_replays(ctx, case: LLCase, hooks: bool, weights_at_dispatch: bool) -> 
                 check_dispatch(g_out, refs[me], it_case, n, what, dev)
                 if not case.use_fp8:
                     check_combine(g_combined, MyRows(refs, me, mine.x), mine.topk_idx, mine.topk_weights, it_case, n,
-                                  what, pre_reduced=weights_at_dispatch)
+                                  what)
             # Copies first: the eager step may reuse the captured outputs' memory.
             g_snap, _ = dispatch_snapshot(g_out, it_case, what + " (replay)", dev)
             g_bits = g_combined.view(torch.int16).cpu()

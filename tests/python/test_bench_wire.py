@@ -24,14 +24,15 @@ def test_pairs_from_each_side():
 def test_bytes_small_hidden():
     # hidden 128: FP8 payload 128 + 1 scale * 4 = 132 bytes, BF16 256.
     rows = by_op(wire_bytes(ROUTING, rank=0, num_ranks=2, num_experts=4, hidden=128))
-    assert (rows["dispatch FP8"]["ours_bytes"], rows["dispatch FP8"]["ref_bytes"]) == (3 * (128 + 132), 4 * (132 + 16))
-    assert (rows["dispatch BF16"]["ours_bytes"], rows["dispatch BF16"]["ref_bytes"]) == (3 * (128 + 256), 4 * 272)
-    assert (rows["combine BF16"]["ours_bytes"], rows["combine BF16"]["ref_bytes"]) == (1024, 1024)
+    assert (rows["dispatch FP8"]["ours_bytes"], rows["dispatch FP8"]["ref_bytes"]) == (3 * (144 + 132), 4 * (132 + 16))
+    assert (rows["dispatch BF16"]["ours_bytes"], rows["dispatch BF16"]["ref_bytes"]) == (3 * (144 + 256), 4 * 272)
+    # One vector per remote (token, rank), and 4 tokens x 2 slots of 8-byte weights to the one peer.
+    assert (rows["combine BF16"]["ours_bytes"], rows["combine BF16"]["ref_bytes"]) == (768 + 64, 1024)
     pre = rows["combine BF16, weights at dispatch"]
     assert (pre["ours_bytes"], pre["ref_bytes"]) == (768, 1024)
     assert pre["ratio"] == pytest.approx(0.75)
-    # At this hidden the 128-byte header outweighs what the fewer messages save.
-    assert rows["dispatch FP8"]["ratio"] == pytest.approx(780 / 592)
+    # At this hidden the 144-byte header outweighs what the fewer messages save.
+    assert rows["dispatch FP8"]["ratio"] == pytest.approx(828 / 592)
     assert all((r["token_rank_pairs"], r["token_expert_pairs"]) == (3, 4) for r in rows.values())
 
 
@@ -40,11 +41,12 @@ def test_all_experts_on_one_peer_cross_once():
     routing = [[144 + k for k in range(8)]]
     rows = by_op(wire_bytes(routing, rank=0, num_ranks=4, num_experts=288, hidden=7168))
     fp8 = 7168 + 7168 // 128 * 4
-    assert rows["dispatch FP8"]["ours_bytes"] == 128 + fp8
+    assert rows["dispatch FP8"]["ours_bytes"] == 144 + fp8
     assert rows["dispatch FP8"]["ref_bytes"] == 8 * (fp8 + 16)
     assert rows["dispatch FP8"]["ratio"] < 0.5
     assert rows["combine BF16, weights at dispatch"]["ratio"] == pytest.approx(1 / 8)
-    assert rows["combine BF16"]["ratio"] == pytest.approx(1.0)
+    # The weights go to the 3 other ranks: 8 slots of 8 bytes each.
+    assert rows["combine BF16"]["ratio"] == pytest.approx((2 * 7168 + 3 * 8 * 8) / (8 * 2 * 7168))
 
 
 def test_nothing_crosses_on_one_rank():

@@ -8,7 +8,9 @@ from typing import Dict, List, Sequence, Tuple
 #: turnout's dispatch message header (``MessageHeader`` in
 #: src/kernels/low_latency/region.hpp): seq, token, the token's experts on the
 #: destination, their top-k slots and weights.
-HEADER_BYTES = 128
+HEADER_BYTES = 144
+#: A combine weight as a rank publishes it to every other rank: weight and call number.
+TAGGED_WEIGHT_BYTES = 8
 #: DeepEP's per-message source info: one int4.
 PER_EXPERT_HEADER_BYTES = 16
 #: Channels per FP8 scale (one float each).
@@ -18,7 +20,8 @@ FORMULAS = {
     "dispatch FP8": ("remote (token, rank) pairs x (128 + H + H/128*4)",
                      "remote (token, expert) pairs x (H + H/128*4 + 16)"),
     "dispatch BF16": ("remote (token, rank) pairs x (128 + 2H)", "remote (token, expert) pairs x (2H + 16)"),
-    "combine BF16": ("remote (token, expert) pairs x 2H", "remote (token, expert) pairs x 2H"),
+    "combine BF16": ("remote (token, rank) pairs x 2H + (R - 1) x T x K x 8 (weights)",
+                     "remote (token, expert) pairs x 2H"),
     "combine BF16, weights at dispatch": ("remote (token, rank) pairs x 2H", "remote (token, expert) pairs x 2H"),
 }
 PAIRS_NOTE = ("pairs counted from this rank's topk_idx: expert e lives on rank e // (E / R); 'remote' excludes this "
@@ -56,10 +59,12 @@ def wire_bytes(topk_idx: Sequence[Sequence[int]], rank: int, num_ranks: int, num
     by_rank, by_expert = remote_pairs(topk_idx, rank, num_ranks, num_experts)
     fp8 = hidden + hidden // SCALE_GROUP * 4
     bf16 = 2 * hidden
+    num_topk = len(topk_idx[0]) if len(topk_idx) else 0
+    weights = (num_ranks - 1) * len(topk_idx) * num_topk * TAGGED_WEIGHT_BYTES
     sizes = {
         "dispatch FP8": (by_rank * (HEADER_BYTES + fp8), by_expert * (fp8 + PER_EXPERT_HEADER_BYTES)),
         "dispatch BF16": (by_rank * (HEADER_BYTES + bf16), by_expert * (bf16 + PER_EXPERT_HEADER_BYTES)),
-        "combine BF16": (by_expert * bf16, by_expert * bf16),
+        "combine BF16": (by_rank * bf16 + weights, by_expert * bf16),
         "combine BF16, weights at dispatch": (by_rank * bf16, by_expert * bf16),
     }
     rows = []

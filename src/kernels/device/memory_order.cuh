@@ -34,6 +34,27 @@ __device__ __forceinline__ uint32_t atomic_add_release_sys(uint32_t* p, uint32_t
   return old;
 }
 
+// Adds that other GPUs read. The release form orders every store this thread
+// made, or saw by a barrier, before the add for a reader that acquires its result.
+__device__ __forceinline__ void red_add_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_add_relaxed_sys(int32_t* p, int32_t v) {
+  asm volatile("red.relaxed.sys.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Aligned 8-byte words move whole: a reader never sees half of one.
+__device__ __forceinline__ void store_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t load_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Nanoseconds of a clock shared by all SMs (coarse, but enough for timeouts).
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;

@@ -1,33 +1,47 @@
-// The call number of a low-latency kernel and the end of its call: every
-// block reads the number at its start; the last block to finish runs the
-// kernel's closing step (its signals) and then stores the next number. No
-// block waits for another, so no assumption is made about how many blocks
-// are resident (ranks sharing a GPU share its SMs).
+// Call numbers and the arrival protocol of the low-latency kernels (see
+// region.hpp). Every block reads its phase's call number at its start; the
+// last block to finish a phase stores it, so the next launch reads the next
+// one. Only a phase's own blocks meet here (an atomic in local memory): no
+// block waits for another, and nothing is assumed about how many blocks are
+// resident at once (ranks sharing a GPU share its SMs).
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/memory_order.cuh"
 #include "kernels/low_latency/region.hpp"
+#include "kernels/low_latency/transport.cuh"
 
 namespace turnout::kernels::low_latency {
 
-// The number of the call this kernel runs (the first call is 1).
+// Phases of a launch (a bit each): one launch runs one or both.
+inline constexpr int kPhaseSend = 1;
+inline constexpr int kPhaseReceive = 2;
+
+__host__ __device__ constexpr int phase_bits(LowLatencyPhase phase) {
+  return phase == LowLatencyPhase::kSend ? kPhaseSend
+         : phase == LowLatencyPhase::kReceive ? kPhaseReceive
+                                              : kPhaseSend | kPhaseReceive;
+}
+
+// The number of the call this phase runs (the first call is 1).
 __device__ __forceinline__ uint32_t call_number(const CallCounter* counter) {
   return *static_cast<const volatile uint32_t*>(&counter->seq) + 1;
 }
 
-// Every thread of every block calls it once, after the block's work. In the
-// last block to arrive, `closing()` runs on all its threads (after a system
-// fence: every block's writes, peers' included, happen before it), then the
+// Every thread of every block calls it once, after the block's part of the
+// phase. In the last block to arrive, `closing()` runs on all its threads
+// (every block's reads and writes of this rank happen before it), then the
 // counter advances. Returns true in that block.
 template <typename Closing>
-__device__ __forceinline__ bool finish_call(CallCounter* counter, uint32_t seq, Closing closing) {
+__device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq, Closing closing) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    __threadfence();
     last = atomicAdd(&counter->done, 1u) == gridDim.x - 1;
-    if (last) __threadfence_system();
+    if (last) __threadfence();
   }
   __syncthreads();
   if (!last) return false;
@@ -38,6 +52,25 @@ __device__ __forceinline__ bool finish_call(CallCounter* counter, uint32_t seq, 
     *static_cast<volatile uint32_t*>(&counter->seq) = seq;
   }
   return true;
+}
+
+// A sending block, once all its threads' puts are issued: thread d < R adds
+// this block's share of kArrivalsPerCall to peer d's counter at `offset`
+// (block 0 adds what makes the grid's total exact).
+__device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int num_ranks, int64_t offset) {
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < num_ranks)
+    tr.arrive(threadIdx.x, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);
+}
+
+// Thread-level: spins until call `seq` of the source whose counter is at
+// `arrivals` has fully arrived. False on a timeout (recorded).
+__device__ __forceinline__ bool await_arrivals(const WaitContext& wait, int peer, WaitSite site,
+                                               const uint32_t* arrivals, uint32_t seq) {
+  const uint32_t target = arrivals_after(seq);
+  return device::bounded_wait(wait, peer, site, [&] {
+    return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0;
+  });
 }
 
 }  // namespace turnout::kernels::low_latency

@@ -1,14 +1,21 @@
-// Low-latency combine. The send kernel of an expert rank returns the rows its
-// experts computed to the ranks their tokens came from, into fixed slots (one
-// per (token, top-k slot), or with dispatch weights one pre-reduced row per
-// (token, expert rank)); the receive kernel of a source rank waits for every
-// expert rank's flag and sums each token's rows in a fixed order, in fp32.
+// Low-latency combine, one kernel (combine_kernel) whose launch runs the send
+// phase, the receive phase or both. An expert rank sums, for each token it
+// received, its experts' rows weighted in fp32 and sends that one vector back
+// to the token's rank (0.45x the rows of one per (token, expert) at EP4, top-8);
+// the token's rank sums the vectors of its expert ranks in a fixed order.
+//
+// The weights come from the dispatch when every rank gave them there;
+// otherwise each rank publishes its combine weights first, per (token, top-k
+// slot) an 8-byte word holding the weight and the call's number, and an
+// expert rank reads a token's words until they carry this call's number. A
+// rank alone on its GPU publishes from every block (block b the tokens
+// b, b + grid, ...); ranks sharing a GPU may not have every block resident,
+// so the first block of the call to start publishes them all, before it waits
+// for anything.
 //
 // Work is items of kChunk channels of one token (and, to send, one source),
 // one warp each, strided over every warp of the grid: a decode batch has few
-// tokens, so splitting rows is what keeps all SMs busy. In a chunk a lane
-// owns the 16-byte wire words lane + 32 u, u < kSteps (8 bf16 or 16 e4m3
-// channels each). Nothing waits for another block; sends never wait.
+// tokens, so splitting rows is what keeps all SMs busy.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,13 +38,15 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-// 14 items per token at hidden 7168; a multiple of the 128-channel scale group.
+// 14 items per token at hidden 7168; four 128-channel groups.
 constexpr int kChunk = 512;
-static_assert(kChunk % kGroup == 0);
+constexpr int kChunkWords = kChunk / 8;
+static_assert(kChunk % kGroup == 0 && kChunkWords == 64);
 // Rows whose words a lane loads before using any: a top-8 token's rows in one
-// round trip (16 words in flight for bf16), within the 128 registers a
-// 512-thread block leaves a thread.
+// round trip, within the 128 registers a 512-thread block leaves a thread.
 constexpr int kBatch = 8;
+// LogFMT stages each warp's chunk in shared memory before it crosses.
+constexpr int kStageBytes = 1024;
 
 struct CombineParams {
   LowLatencyCombineArgs args;
@@ -46,13 +55,14 @@ struct CombineParams {
   Plan plan;
 };
 
-// The wire words of one lane in one chunk.
+// The two 16-byte words (8 bf16 channels each) of a chunk that a lane owns.
+// LogFMT needs a lane's 16 channels adjacent (8 lanes make a 128-channel
+// group); bf16 takes words 32 apart, so that each store instruction of the
+// warp writes 512 contiguous bytes.
 template <bool kLogfmt>
-struct Wire {
-  static constexpr int kChannels = kLogfmt ? 16 : 8;  // per wire word
-  static constexpr int kSteps = kChunk / (32 * kChannels);
-  static constexpr int kBf16Words = kChannels / 8;  // of x or out per wire word
-};
+__device__ __forceinline__ int lane_word(int chunk, int lane, int u) {
+  return kLogfmt ? chunk * kChunkWords + 2 * lane + u : chunk * kChunkWords + lane + 32 * u;
+}
 
 __device__ __forceinline__ int global_warp() {
   return static_cast<int>((blockIdx.x * kThreads + threadIdx.x) / 32);
@@ -85,23 +95,6 @@ __device__ __forceinline__ int4 float_to_bf16x8(const float* v) {
   return w;
 }
 
-// Writes wire word `step` of a logfmt row: 16 values as e4m3, and the scale of
-// their 128 channels from the first of the 8 lanes that share it. Every lane
-// of the warp calls it (the amax is reduced across lanes); `in_row` is false
-// past the row's end, which only ever holds whole groups of 8 lanes.
-__device__ __forceinline__ void put_logfmt_word(char* row, int step, const float* v, bool in_row, int hidden) {
-  float amax = 0.0f;
-  if (in_row)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-  for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
-  if (!in_row) return;
-  const LogfmtScale s = logfmt_scale(amax);
-  device::store_16(row + static_cast<int64_t>(step) * 16, to_e4m3x16(v, s.inv));
-  if (step % 8 == 0) reinterpret_cast<float*>(row + combine_logfmt_scales_offset(hidden))[step / 8] = s.scale;
-}
-
 // Why this rank's plan must not be combined: 2 its dispatch failed, 1 it was
 // made for another shape, 0 it fits.
 __device__ __forceinline__ int plan_misfit(const PlanHeader& h, const LowLatencyCombineArgs& a, int num_ranks) {
@@ -117,21 +110,80 @@ __device__ __forceinline__ const T* plan_array(const CombineParams& p, int64_t o
   return reinterpret_cast<const T*>(static_cast<const char*>(p.args.plan) + offset);
 }
 
-__device__ __forceinline__ int64_t combine_signal_offset(int parity, int rank) {
+__host__ __device__ constexpr int64_t combine_signal_offset(int parity, int rank) {
   return static_cast<int64_t>(offsetof(FixedArea, combine)) +
          (static_cast<int64_t>(parity) * kMaxRanks + rank) * static_cast<int64_t>(sizeof(CombineSignal));
 }
 
+__device__ __forceinline__ const CombineSignal& combine_signal(const char* local, int parity, int rank) {
+  return *reinterpret_cast<const CombineSignal*>(local + combine_signal_offset(parity, rank));
+}
+
+__device__ __forceinline__ NvlinkTransport block_transport(const Group& group, void** table) {
+  if (threadIdx.x < group.num_ranks) table[threadIdx.x] = group.regions[threadIdx.x];
+  __syncthreads();
+  return {table, group.rank};
+}
+
+// ---------------------------------------------------------------------------
+// Send
+
+// This rank's combine weights of tokens first, first + stride, ... to every
+// rank: per (token, slot k) the weight, 0 where topk_idx names no expert
+// (that slot's row is dropped), tagged with the call's number.
+__device__ void publish_weights(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+                                int first, int stride) {
+  const LowLatencyCombineArgs& a = p.args;
+  const int K = a.num_topk, T = a.num_tokens;
+  const int tokens = first < T ? (T - first + stride - 1) / stride : 0;
+  for (int i = threadIdx.x; i < tokens * K; i += blockDim.x) {
+    const int t = first + i / K * stride, k = i % K;
+    const int64_t expert = __ldg(a.topk_idx + static_cast<int64_t>(t) * K + k);
+    const float w = expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k)
+                                                          : 0.0f;
+    const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(seq) << 32;
+    const int64_t at = p.region.weights_slot(parity, p.group.rank, t) + static_cast<int64_t>(sizeof(TaggedWeight)) * k;
+    for (int d = 0; d < p.group.num_ranks; ++d) tr.put_tagged(d, at, word);
+  }
+}
+
+// Lane j < n: the weight of entry j of token t of source s in this call, the
+// sum of the source's weights over the entry's top-k slots (k ascending).
+// Waits (bounded) for the source's words of this call; gives 0 where they
+// never came or the source's call had an unusable plan (then no rank writes
+// the output anyway).
+__device__ float published_weight(const CombineParams& p, const char* local, uint32_t seq, int parity, int s, int t,
+                                  uint16_t slots, int lane) {
+  const int K = p.args.num_topk;
+  uint64_t word = static_cast<uint64_t>(seq) << 32;
+  if (lane < K) {
+    const auto* at = reinterpret_cast<const uint64_t*>(local + p.region.weights_slot(parity, s, t)) + lane;
+    const uint32_t* bad_call = &combine_signal(local, parity, s).bad_call;
+    device::bounded_wait(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyCombine, [&] {
+      word = device::load_relaxed_sys(at);
+      return static_cast<uint32_t>(word >> 32) == seq || *static_cast<const volatile uint32_t*>(bad_call) == seq;
+    });
+    if (static_cast<uint32_t>(word >> 32) != seq) word = 0;
+  }
+  const float w = __uint_as_float(static_cast<uint32_t>(word));
+  float sum = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const float wk = __shfl_sync(~0u, w, k);
+    if (slots >> k & 1) sum += wk;
+  }
+  return sum;
+}
+
 // What a send warp knows of one (source, token, chunk) item. Lane j holds
-// entry j of the token's plan: its row of x, and where it goes at the source.
+// entry j of the token's plan: its row of x, and its weight or top-k slots.
 struct SendItem {
   int source;
   int token;
   int chunk;
-  uint32_t entries;  // bit j: entry j is sent
+  uint32_t entries;  // bit j: entry j is summed
   int x_row;
-  int64_t slot;  // default mode only
-  float weight;  // pre-reduced only
+  float weight;    // the dispatch's, where it gave weights
+  uint16_t slots;  // otherwise the slots whose published weights make it
 };
 
 // Takes the lowest entry of `rest` (warp-uniform), or reports none left.
@@ -142,113 +194,65 @@ __device__ __forceinline__ bool next_entry(uint32_t& rest, int& j) {
   return true;
 }
 
-// Default mode: each entry's row as it is, bf16 or logfmt, to its own slot.
+// sum_j weight_j * x[row_j] in fp32, j ascending (fused multiply-adds),
+// rounded to bf16 once, to the source's slot (token, this rank). The first
+// batch's rows are loaded before the weights are awaited.
 template <bool kLogfmt>
-__device__ void send_copies(const CombineParams& p, const NvlinkTransport& transport, int parity,
-                            const SendItem& item) {
-  using W = Wire<kLogfmt>;
-  const int H = p.args.hidden, lane = threadIdx.x % 32;
-  const int num_steps = H / W::kChannels;
-  const int first_step = item.chunk * (kChunk / W::kChannels);
+__device__ void send_sum(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+                         const SendItem& item, bool dispatch_weights, char* stage) {
+  const int H = p.args.hidden, n16 = H / 8, lane = threadIdx.x % 32;
   const auto* x = static_cast<const char*>(p.args.x);
-  for (uint32_t rest = item.entries; rest != 0;) {
-    int entry[kBatch];  // -1: none
-    int4 in[kBatch][W::kSteps][W::kBf16Words];
-#pragma unroll
-    for (int r = 0; r < kBatch; ++r) {
-      int j = 0;
-      const bool has = next_entry(rest, j);
-      entry[r] = has ? j : -1;
-      const int x_row = __shfl_sync(~0u, item.x_row, j);
-      const char* src = has ? x + static_cast<int64_t>(x_row) * H * 2 : x;
-#pragma unroll
-      for (int u = 0; u < W::kSteps; ++u) {
-        const int step = first_step + lane + 32 * u;
-#pragma unroll
-        for (int w = 0; w < W::kBf16Words; ++w)
-          in[r][u][w] = has && step < num_steps
-                            ? device::load_input_16(src + (static_cast<int64_t>(step) * W::kBf16Words + w) * 16)
-                            : int4{};
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kBatch; ++r) {
-      if (entry[r] < 0) break;
-      char* dst = transport.remote(item.source, p.region.combine_slot(parity, __shfl_sync(~0u, item.slot, entry[r])));
-#pragma unroll
-      for (int u = 0; u < W::kSteps; ++u) {
-        const int step = first_step + lane + 32 * u;
-        if constexpr (kLogfmt) {
-          float v[16];
-          bf16x8_to_float(in[r][u][0], v);
-          bf16x8_to_float(in[r][u][1], v + 8);
-          put_logfmt_word(dst, step, v, step < num_steps, H);
-        } else if (step < num_steps) {
-          device::store_16(dst + static_cast<int64_t>(step) * 16, in[r][u][0]);
-        }
-      }
-    }
-  }
-}
-
-// Pre-reduced mode: sum_j weight_j * x[row_j] in fp32, j ascending (fused
-// multiply-adds), rounded to bf16 once; logfmt casts that bf16 row, so both
-// formats carry the same values up to the cast.
-template <bool kLogfmt>
-__device__ void send_sum(const CombineParams& p, const NvlinkTransport& transport, int parity, const SendItem& item) {
-  using W = Wire<kLogfmt>;
-  const int H = p.args.hidden, lane = threadIdx.x % 32;
-  const int num_steps = H / W::kChannels;
-  const int first_step = item.chunk * (kChunk / W::kChannels);
-  const auto* x = static_cast<const char*>(p.args.x);
-  float acc[W::kSteps][W::kChannels] = {};
+  float entry_weight = item.weight;
+  bool weighed = dispatch_weights;
+  float acc[16] = {};
   for (uint32_t rest = item.entries; rest != 0;) {
     float weight[kBatch];
     bool has[kBatch];
-    int4 in[kBatch][W::kSteps][W::kBf16Words];
+    int4 in[kBatch][2];
+    int entry[kBatch];
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
       int j = 0;
       has[r] = next_entry(rest, j);
+      entry[r] = j;
       const int x_row = __shfl_sync(~0u, item.x_row, j);
-      weight[r] = __shfl_sync(~0u, item.weight, j);
       const char* src = has[r] ? x + static_cast<int64_t>(x_row) * H * 2 : x;
 #pragma unroll
-      for (int u = 0; u < W::kSteps; ++u) {
-        const int step = first_step + lane + 32 * u;
-#pragma unroll
-        for (int w = 0; w < W::kBf16Words; ++w)
-          in[r][u][w] = has[r] && step < num_steps
-                            ? device::load_input_16(src + (static_cast<int64_t>(step) * W::kBf16Words + w) * 16)
-                            : int4{};
+      for (int u = 0; u < 2; ++u) {
+        const int w = lane_word<kLogfmt>(item.chunk, lane, u);
+        in[r][u] = has[r] && w < n16 ? device::load_input_16(src + static_cast<int64_t>(w) * 16) : int4{};
       }
     }
+    if (!weighed) {
+      entry_weight = published_weight(p, tr.local(), seq, parity, item.source, item.token, item.slots, lane);
+      weighed = true;
+    }
+#pragma unroll
+    for (int r = 0; r < kBatch; ++r) weight[r] = __shfl_sync(~0u, entry_weight, entry[r]);
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
       if (!has[r]) break;
 #pragma unroll
-      for (int u = 0; u < W::kSteps; ++u)
+      for (int u = 0; u < 2; ++u) {
+        float v[8];
+        bf16x8_to_float(in[r][u], v);
 #pragma unroll
-        for (int w = 0; w < W::kBf16Words; ++w) {
-          float v[8];
-          bf16x8_to_float(in[r][u][w], v);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[u][8 * w + i] = fmaf(weight[r], v[i], acc[u][8 * w + i]);
-        }
+        for (int i = 0; i < 8; ++i) acc[8 * u + i] = fmaf(weight[r], v[i], acc[8 * u + i]);
+      }
     }
   }
-  const int64_t slot = static_cast<int64_t>(item.token) * p.group.num_ranks + p.group.rank;
-  char* dst = transport.remote(item.source, p.region.combine_slot(parity, slot));
+  char* dst = tr.remote(item.source, p.region.combine_slot(parity, item.token, p.group.rank));
+  if constexpr (kLogfmt) {
+    // The bf16 row is what is cast: both formats carry the same values up to the cast.
+    float v[16];
+    bf16x8_to_float(float_to_bf16x8(acc), v);
+    bf16x8_to_float(float_to_bf16x8(acc + 8), v + 8);
+    put_logfmt_chunk(dst, H, item.chunk, v, lane_word<true>(item.chunk, lane, 0) < n16, stage);
+  } else {
 #pragma unroll
-  for (int u = 0; u < W::kSteps; ++u) {
-    const int step = first_step + lane + 32 * u;
-    if constexpr (kLogfmt) {
-      float v[16];
-      bf16x8_to_float(float_to_bf16x8(acc[u]), v);
-      bf16x8_to_float(float_to_bf16x8(acc[u] + 8), v + 8);
-      put_logfmt_word(dst, step, v, step < num_steps, H);
-    } else if (step < num_steps) {
-      device::store_16(dst + static_cast<int64_t>(step) * 16, float_to_bf16x8(acc[u]));
+    for (int u = 0; u < 2; ++u) {
+      const int w = lane_word<false>(item.chunk, lane, u);
+      if (w < n16) device::store_16(dst + static_cast<int64_t>(w) * 16, float_to_bf16x8(acc + 8 * u));
     }
   }
 }
@@ -257,14 +261,15 @@ __device__ void send_sum(const CombineParams& p, const NvlinkTransport& transpor
 // write to every source rank. Tokens past a source's count, and tokens with
 // no expert here, are skipped at the cost of a few loads.
 template <bool kLogfmt>
-__device__ void send_rows(const CombineParams& p, const NvlinkTransport& transport, int parity, bool reduced) {
+__device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+                          bool dispatch_weights, char* stage) {
   const LowLatencyCombineArgs& a = p.args;
   const int R = p.group.num_ranks, M = a.num_max_tokens, K = a.num_topk;
   const int num_x_rows = p.plan.num_local_experts * M * R;
   const int lane = threadIdx.x % 32;
-  const int32_t* row_info = plan_array<int32_t>(p, p.plan.row_info);
   const int32_t* token_entries = plan_array<int32_t>(p, p.plan.token_entries);
   const int32_t* token_rows = plan_array<int32_t>(p, p.plan.token_rows);
+  const uint16_t* token_slots = plan_array<uint16_t>(p, p.plan.token_slots);
   const float* token_weights = plan_array<float>(p, p.plan.token_weights);
   // Lane s < R: the tokens source s sent (at most M, whatever the plan says).
   const int lane_tokens = lane < R ? max(0, min(plan_array<int32_t>(p, p.plan.source_tokens)[lane], M)) : 0;
@@ -281,171 +286,154 @@ __device__ void send_rows(const CombineParams& p, const NvlinkTransport& transpo
     // Loaded together: entries past the count are stale, and masked below.
     const int n = min(token_entries[entry], K);
     item.x_row = lane < K ? token_rows[entry * kMaxTopk + lane] : -1;
-    item.weight = reduced && lane < K ? token_weights[entry * kMaxTopk + lane] : 0.0f;
+    item.weight = dispatch_weights && lane < K ? token_weights[entry * kMaxTopk + lane] : 0.0f;
+    item.slots = !dispatch_weights && lane < K ? token_slots[entry * kMaxTopk + lane] : 0;
     if (n <= 0) continue;
     // Bounds on what the plan says, so that a plan whose header fits but whose
-    // body does not (reused memory) never writes outside the source's slots.
-    bool sent = lane < n && item.x_row >= 0 && item.x_row < num_x_rows;
-    item.slot = 0;
-    if (sent && !reduced) {
-      const int k = row_info_topk_slot(row_info[item.x_row]);
-      sent = k < K;
-      item.slot = static_cast<int64_t>(item.token) * K + k;
-    }
-    item.entries = __ballot_sync(~0u, sent);
+    // body does not (reused memory) never reads outside x.
+    item.entries = __ballot_sync(~0u, lane < n && item.x_row >= 0 && item.x_row < num_x_rows);
     if (item.entries == 0) continue;
-    if (reduced)
-      send_sum<kLogfmt>(p, transport, parity, item);
-    else
-      send_copies<kLogfmt>(p, transport, parity, item);
+    send_sum<kLogfmt>(p, tr, seq, parity, item, dispatch_weights, stage);
   }
 }
 
-// One call's send, on every thread of the grid.
+// One call's send, on every thread of the grid: the weights (unless the
+// dispatch had them), the rows, then the block's arrival at every rank. A
+// rank whose plan is unusable says so to every rank before anything else
+// (their sends may be waiting for its weights), and sends no row.
 template <bool kLogfmt>
-__device__ __forceinline__ void send_call(const CombineParams& p) {
+__device__ __forceinline__ void send_call(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, bool fused,
+                                          char* stage) {
+  __shared__ bool publisher;
   const Group& g = p.group;
-  const NvlinkTransport transport{g.regions, g.rank};
-  auto* fixed = reinterpret_cast<FixedArea*>(transport.local());
-  const uint32_t seq = call_number(&fixed->local.combine_send);
+  auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const int parity = static_cast<int>(seq & 1);
+  const int64_t signal = combine_signal_offset(parity, g.rank);
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   const int misfit = plan_misfit(header, p.args, g.num_ranks);
+  const bool dispatch_weights = header.has_weights != 0;
   if (misfit != 0) {
+    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < g.num_ranks)
+      *reinterpret_cast<volatile uint32_t*>(tr.remote(threadIdx.x, signal + offsetof(CombineSignal, bad_call))) = seq;
     if (blockIdx.x == 0 && threadIdx.x == 0)
       device::record_error(g.wait.errors, DeviceErrorCode::kBadHandle, g.wait.rank, g.wait.rank,
                            static_cast<int>(OpKind::kLowLatencyCombine), misfit, 0);
   } else {
-    send_rows<kLogfmt>(p, transport, parity, header.has_weights != 0);
+    if (!dispatch_weights) {
+      if (fused) {
+        publish_weights(p, tr, seq, parity, blockIdx.x, gridDim.x);
+      } else {
+        if (threadIdx.x == 0) publisher = atomicAdd(&fixed->local.weights_claim, 1u) == 0;
+        __syncthreads();
+        if (publisher) publish_weights(p, tr, seq, parity, 0, 1);
+      }
+    }
+    send_rows<kLogfmt>(p, tr, seq, parity, dispatch_weights, stage + threadIdx.x / 32 * kStageBytes);
   }
-  // Every block's rows are fenced before the closing step (finish_call), and
-  // each source's error word before its flag.
-  finish_call(&fixed->local.combine_send, seq, [&] {
-    const int source = static_cast<int>(threadIdx.x);
-    if (source >= g.num_ranks) return;
-    const int64_t signal = combine_signal_offset(parity, g.rank);
-    *reinterpret_cast<volatile int32_t*>(transport.remote(source, signal + offsetof(CombineSignal, error))) =
-        misfit != 0;
-    NvlinkTransport::fence();
-    transport.signal(source, signal + offsetof(CombineSignal, flag), seq);
-  });
+  arrive_at_peers(tr, g.num_ranks, signal + offsetof(CombineSignal, arrivals));
 }
 
-// Out row t, chunk c = sum over the token's rows, in a fixed order, of
-// weight * row in fp32 (fused multiply-adds), rounded to bf16 once. Default:
-// rows k = 0..K-1 of named experts, row of k the slot t * K + (first k' naming
-// the same expert), weight topk_weights[t, k]. Pre-reduced: the rows t * R + d
-// of the ranks d holding one of the token's experts, d ascending, weight 1
-// (exact: fmaf(1, v, acc) is v + acc). A logfmt row value is float(q) * scale.
+// ---------------------------------------------------------------------------
+// Receive
+
+// Out row t, chunk c = the sum of the rows (t, d) of the ranks d holding one
+// of the token's experts, d ascending, in fp32, rounded to bf16 once.
 template <bool kLogfmt>
-__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity, bool reduced) {
-  using W = Wire<kLogfmt>;
+__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity) {
   const LowLatencyCombineArgs& a = p.args;
-  const int R = p.group.num_ranks, K = a.num_topk, H = a.hidden, E = a.num_experts;
+  const int K = a.num_topk, H = a.hidden, E = a.num_experts, n16 = H / 8;
   const int L = p.plan.num_local_experts;
   const int lane = threadIdx.x % 32;
-  const int num_steps = H / W::kChannels;
-  const int64_t scales = combine_logfmt_scales_offset(H);
+  // LogFMT decodes in registers: fewer rows in flight.
+  constexpr int kRows = kLogfmt ? 4 : kBatch;
   const int C = num_chunks(H);
   const int num_items = a.num_tokens * C;
   for (int i = global_warp(); i < num_items; i += num_global_warps()) {
-    const int t = i / C, first_step = i % C * (kChunk / W::kChannels);
+    const int t = i / C, c = i % C;
     // Lane k looks at top-k slot k; ids outside [0, E) name no row (dispatch
     // rejects them, so they only come from a topk_idx it never saw).
     const int64_t expert = lane < K ? __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane) : -1;
     const bool named = expert >= 0 && expert < E;
-    uint32_t rows;
-    int64_t slot;
-    float weight;
-    if (reduced) {
-      rows = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u);
-      slot = static_cast<int64_t>(t) * R + lane;
-      weight = 1.0f;
-    } else {
-      // Lanes not naming an expert match nobody.
-      const uint32_t same = __match_any_sync(~0u, named ? static_cast<long long>(expert) : -1LL - lane);
-      rows = __ballot_sync(~0u, named);
-      slot = static_cast<int64_t>(t) * K + (__ffs(same) - 1);
-      weight = lane < K ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + lane) : 0.0f;
-    }
-    float acc[W::kSteps][W::kChannels] = {};
-    for (uint32_t rest = rows; rest != 0;) {
-      bool has[kBatch];
-      float w[kBatch];
-      int4 in[kBatch][W::kSteps];
-      float scale[kBatch][W::kSteps];
+    const uint32_t ranks = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u);
+    float acc[16] = {};
+    for (uint32_t rest = ranks; rest != 0;) {
+      bool has[kRows];
+      const char* row[kRows];
 #pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        int j = 0;
-        has[r] = next_entry(rest, j);
-        const char* row = self + p.region.combine_slot(parity, __shfl_sync(~0u, slot, j));
-        w[r] = __shfl_sync(~0u, weight, j);
-#pragma unroll
-        for (int u = 0; u < W::kSteps; ++u) {
-          const int step = first_step + lane + 32 * u;
-          const bool load = has[r] && step < num_steps;
-          in[r][u] = load ? device::load_shared_16(row + static_cast<int64_t>(step) * 16) : int4{};
-          if constexpr (kLogfmt)
-            scale[r][u] = load ? __ldcg(reinterpret_cast<const float*>(row + scales) + step / 8) : 0.0f;
-        }
+      for (int r = 0; r < kRows; ++r) {
+        int d = 0;
+        has[r] = next_entry(rest, d);
+        row[r] = self + p.region.combine_slot(parity, t, d);
       }
+      if constexpr (kLogfmt) {
+        float v[kRows][16];
 #pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        if (!has[r]) break;
+        for (int r = 0; r < kRows; ++r)
+          load_logfmt_chunk(row[r], H, c, has[r] && lane_word<true>(c, lane, 0) < n16, v[r]);
 #pragma unroll
-        for (int u = 0; u < W::kSteps; ++u) {
-          float v[W::kChannels];
-          if constexpr (kLogfmt) {
-            e4m3x16_to_float(in[r][u], v);
+        for (int r = 0; r < kRows; ++r) {
+          if (!has[r]) break;
 #pragma unroll
-            for (int c = 0; c < W::kChannels; ++c) v[c] *= scale[r][u];
-          } else {
-            bf16x8_to_float(in[r][u], v);
+          for (int k = 0; k < 16; ++k) acc[k] += v[r][k];
+        }
+      } else {
+        int4 in[kRows][2];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int w = lane_word<false>(c, lane, u);
+            in[r][u] = has[r] && w < n16 ? device::load_shared_16(row[r] + static_cast<int64_t>(w) * 16) : int4{};
           }
 #pragma unroll
-          for (int c = 0; c < W::kChannels; ++c) acc[u][c] = fmaf(w[r], v[c], acc[u][c]);
+        for (int r = 0; r < kRows; ++r) {
+          if (!has[r]) break;
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            float v[8];
+            bf16x8_to_float(in[r][u], v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[8 * u + k] += v[k];
+          }
         }
       }
     }
     char* out = static_cast<char*>(a.out) + static_cast<int64_t>(t) * H * 2;
 #pragma unroll
-    for (int u = 0; u < W::kSteps; ++u) {
-      const int step = first_step + lane + 32 * u;
-      if (step >= num_steps) continue;
-#pragma unroll
-      for (int w = 0; w < W::kBf16Words; ++w)
-        device::store_16(out + (static_cast<int64_t>(step) * W::kBf16Words + w) * 16, float_to_bf16x8(acc[u] + 8 * w));
+    for (int u = 0; u < 2; ++u) {
+      const int w = lane_word<kLogfmt>(c, lane, u);
+      if (w < n16) device::store_16(out + static_cast<int64_t>(w) * 16, float_to_bf16x8(acc + 8 * u));
     }
   }
 }
 
-// One call's receive, on every thread of the grid.
+// One call's receive, on every thread of the grid. Its last block advances
+// the receive's call number, and the send's where this launch ran the send
+// too (`send_seq` nonzero).
 template <bool kLogfmt>
-__device__ __forceinline__ void recv_call(const CombineParams& p) {
+__device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq,
+                                          uint32_t send_seq) {
   const LowLatencyCombineArgs& a = p.args;
   const Group& g = p.group;
-  const NvlinkTransport transport{g.regions, g.rank};
-  auto* fixed = reinterpret_cast<FixedArea*>(transport.local());
-  const uint32_t seq = call_number(&fixed->local.combine_recv);
+  auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const int parity = static_cast<int>(seq & 1);
-  const CombineSignal* signals = fixed->combine[parity];
   // Every block reads every expert rank's rows, so every block waits for all.
   bool arrived = true;
   if (static_cast<int>(threadIdx.x) < g.num_ranks) {
     const int d = static_cast<int>(threadIdx.x);
     const uint64_t start = device::global_timer_ns();
-    arrived = device::bounded_wait(g.wait, g.wait.first_nvl_rank + d, WaitSite::kLowLatencyCombine,
-                                   [&] { return device::load_acquire_sys(&signals[d].flag) == seq; });
+    arrived = await_arrivals(g.wait, g.wait.first_nvl_rank + d, WaitSite::kLowLatencyCombine,
+                             &fixed->combine[parity][d].arrivals, seq);
     if (blockIdx.x == 0 && a.wait_recv_cost_stats != nullptr)
       a.wait_recv_cost_stats[d] += static_cast<int64_t>(device::global_timer_ns() - start);
   }
   const bool all_arrived = __syncthreads_and(arrived) != 0;
-  // Each lane d < R reads the error word of the flag it acquired.
+  // Lane d < R reads the bad-call word of the rank whose arrivals it acquired.
   __shared__ uint32_t s_failed_ranks;
   if (threadIdx.x < 32) {
     const int d = static_cast<int>(threadIdx.x);
     const uint32_t failed =
-        __ballot_sync(~0u, all_arrived && d < g.num_ranks && device::load_volatile(&signals[d].error) != 0);
+        __ballot_sync(~0u, all_arrived && d < g.num_ranks && __ldcg(&fixed->combine[parity][d].bad_call) == seq);
     if (d == 0) s_failed_ranks = failed;
   }
   __syncthreads();
@@ -454,48 +442,49 @@ __device__ __forceinline__ void recv_call(const CombineParams& p) {
   // A misfit plan is this rank's own error: its send recorded it.
   const int misfit = plan_misfit(header, a, g.num_ranks);
   if (all_arrived && failed_ranks == 0 && misfit == 0)
-    reduce_tokens<kLogfmt>(p, transport.local(), parity, header.has_weights != 0);
+    reduce_tokens<kLogfmt>(p, tr.local(), parity);
   else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
                          g.wait.first_nvl_rank + __ffs(failed_ranks) - 1, static_cast<int>(OpKind::kLowLatencyCombine),
                          0, 0);
-  finish_call(&fixed->local.combine_recv, seq, [] {});
+  finish_phase(&fixed->local.combine_recv, seq, [&] {
+    if (send_seq != 0 && threadIdx.x == 0) {
+      fixed->local.weights_claim = 0;
+      *static_cast<volatile uint32_t*>(&fixed->local.combine_send.seq) = send_seq;
+    }
+  });
+}
+
+// Both phases in one launch only where every block of the grid is resident
+// at once (a GPU no other rank of the group shares): a block that has sent
+// waits for every expert rank, this rank's own blocks among them.
+template <bool kLogfmt>
+__global__ void __launch_bounds__(kThreads, 1) combine_kernel(const __grid_constant__ CombineParams p,
+                                                               const int phases) {
+  __shared__ void* table[kMaxRanks];
+  __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
+  const NvlinkTransport tr = block_transport(p.group, table);
+  LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
+  // Both numbers before any work: the receive's last block stores the send's.
+  const uint32_t send_seq = phases & kPhaseSend ? call_number(&state->combine_send) : 0;
+  const uint32_t recv_seq = phases & kPhaseReceive ? call_number(&state->combine_recv) : 0;
+  if (phases & kPhaseSend) {
+    const bool fused = (phases & kPhaseReceive) != 0;
+    send_call<kLogfmt>(p, tr, send_seq, fused, stage);
+    if (!fused) finish_phase(&state->combine_send, send_seq, [&] {
+        if (threadIdx.x == 0) state->weights_claim = 0;
+      });
+  }
+  if (phases & kPhaseReceive) recv_call<kLogfmt>(p, tr, recv_seq, send_seq);
 }
 
 template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_send_kernel(const CombineParams p) {
-  send_call<kLogfmt>(p);
-}
-
-template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_recv_kernel(const CombineParams p) {
-  recv_call<kLogfmt>(p);
-}
-
-// Both in one launch, where every block of the grid is resident at once (a
-// GPU no other rank of the group shares): a block that has sent waits for
-// every expert rank, this one's own last block among them.
-template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) low_latency_combine_kernel(const CombineParams p) {
-  send_call<kLogfmt>(p);
-  recv_call<kLogfmt>(p);
-}
-
-CombineParams make_params(const LowLatencyCombineArgs& args, const Region& region, const Group& group) {
-  return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
-}
-
-template <bool kLogfmt>
-void launch(const CombineParams& p, int num_blocks, LowLatencyPhase phase, bool one_kernel, cudaStream_t stream) {
-  if (phase == LowLatencyPhase::kSend)
-    low_latency_combine_send_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
-  else if (phase == LowLatencyPhase::kReceive)
-    low_latency_combine_recv_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
-  else if (one_kernel)
-    low_latency_combine_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
-  else {
-    low_latency_combine_send_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
-    low_latency_combine_recv_kernel<kLogfmt><<<num_blocks, kThreads, 0, stream>>>(p);
+void launch(const CombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
+  if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
+    combine_kernel<kLogfmt><<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
+  } else {
+    combine_kernel<kLogfmt><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseSend);
+    combine_kernel<kLogfmt><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseReceive);
   }
 }
 
@@ -503,11 +492,11 @@ void launch(const CombineParams& p, int num_blocks, LowLatencyPhase phase, bool 
 
 void launch_combine(const LowLatencyCombineArgs& args, const Region& region, const Group& group, LowLatencyPhase phase,
                     cudaStream_t stream) {
-  const CombineParams p = make_params(args, region, group);
+  const CombineParams p{args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
   if (args.use_logfmt)
-    launch<true>(p, group.num_blocks, phase, group.gpu_to_itself, stream);
+    launch<true>(p, group, phase, stream);
   else
-    launch<false>(p, group.num_blocks, phase, group.gpu_to_itself, stream);
+    launch<false>(p, group, phase, stream);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,11 +1,12 @@
-// Low-latency dispatch. The send kernel writes each token, once per rank that
-// holds one of its experts, into the token's message slot in that rank's
-// region; its last block then gives every rank a signal: the counts per
-// expert, and the flag. The receive kernel waits for every source's flag and
-// places the messages into the rows of each local expert. Apart, no block
-// waits for another block of its grid; a rank alone on its GPU runs both in
-// one kernel (one launch less), where a block's receive waits for the send of
-// the rank's own last block.
+// Low-latency dispatch, one kernel (dispatch_kernel) whose launch runs the
+// send phase, the receive phase or both. The send writes each token, once per
+// rank that holds one of its experts, into the token's message slot in that
+// rank's region, and adds the token to that rank's count of each of its
+// experts there; then each block adds to every rank's arrival counter. The
+// receive waits for every source's arrivals and places the messages into the
+// rows of each local expert. A send never waits; a rank alone on its GPU runs
+// both phases in one launch (one launch less), where a block's receive waits
+// for the sends of the rank's own blocks too.
 //
 // Send: a block's tokens are t = block + j * blocks. Its warps form teams,
 // one token per team at a time; with fewer tokens than warps a team has
@@ -51,9 +52,6 @@ constexpr int kCopyWords = 8;
 constexpr int kScanSteps = 4;
 
 static_assert(sizeof(MessageHeader) % 16 == 0);
-static_assert(offsetof(FixedArea, dispatch) % 16 == 0 && sizeof(DispatchSignal) % 16 == 0 &&
-                  offsetof(DispatchSignal, count) % 16 == 0,
-              "signal counts move in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
 static_assert(kLowLatencyMaxHidden / kGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
@@ -72,8 +70,8 @@ __host__ __device__ constexpr int64_t signal_offset(int parity, int source) {
          (static_cast<int64_t>(parity) * kMaxRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
 }
 
-// The peers' regions, read once per block into shared memory: every put looks
-// its peer up there instead of in global memory.
+// The peers' regions, copied once per block from the launch's parameters into
+// shared memory: every put looks its peer up there.
 __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, void** table) {
   if (threadIdx.x < group.num_ranks) table[threadIdx.x] = group.regions[threadIdx.x];
   __syncthreads();
@@ -175,18 +173,22 @@ __device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned
   }
 }
 
-// Out of line: the rare path stays out of the token loop.
-__device__ __noinline__ void report_invalid_expert(DeviceErrorSlot errors, int rank, int32_t* error_flag, int token,
-                                                   int slot, int64_t expert) {
-  device::record_error(errors, DeviceErrorCode::kInvalidExpert, rank, slot, 0, token, expert);
-  *static_cast<volatile int32_t*>(error_flag) = 1;
+// Out of line: the rare path stays out of the token loop. Every destination
+// learns that this call of this rank had a bad input, before the block arrives.
+__device__ __noinline__ void report_invalid_expert(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
+                                                   int parity, int token, int slot, int64_t expert) {
+  device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token,
+                       expert);
+  for (int d = 0; d < p.group.num_ranks; ++d)
+    *reinterpret_cast<volatile uint32_t*>(tr.remote(d, signal_offset(parity, p.group.rank) +
+                                                           offsetof(DispatchSignal, bad_call))) = seq;
 }
 
 // The first warp of a team: each destination's header, built in this warp's
 // shared memory (lane k fills the entry of top-k slot k when k is the first
-// slot naming its expert) and put as eight 16-byte words; and the count of
-// each distinct expert.
-__device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHeader* headers, LocalState* state,
+// slot naming its expert) and put as 16-byte words; and one more token for
+// each distinct expert in its destination's count.
+__device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHeader* headers, int64_t counts,
                                             uint32_t seq, int token, int64_t slot, int expert, float weight,
                                             int num_topk, int experts_per_rank, unsigned dests, int lane) {
   const unsigned below = (1u << lane) - 1;
@@ -206,8 +208,9 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
   if (first) {
     MessageHeader& h = headers[dst];
     const int j = __popc(peers & below);
-    h.local_expert[j] = static_cast<int16_t>(expert - dst * experts_per_rank);
-    h.topk_slot[j] = static_cast<uint8_t>(lane);
+    const int local_expert = expert - dst * experts_per_rank;
+    h.local_expert[j] = static_cast<int16_t>(local_expert);
+    h.slots[j] = static_cast<uint16_t>(same);  // lanes past the top-k name nothing, so only slots < K
     h.weight[j] = sum;
     if (j == 0) {
       h.seq = seq;
@@ -215,7 +218,7 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
       h.num_entries = __popc(peers);
       h.pad = 0;
     }
-    atomicAdd(&state->expert_count[expert], 1);
+    tr.add(dst, counts + 4 * static_cast<int64_t>(local_expert), 1);
   }
   __syncwarp();
   for (int i = lane; i < kMaxRanks * kHeaderWords; i += 32) {
@@ -226,9 +229,8 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
 }
 
 // Warp `member` of a team of `team_warps` sends token t.
-__device__ __forceinline__ void send_token(const DispatchParams& p, const NvlinkTransport& tr, LocalState* state,
-                                           MessageHeader* headers, uint32_t seq, int parity, int t, int member,
-                                           int team_warps, int lane) {
+__device__ __forceinline__ void send_token(const DispatchParams& p, const NvlinkTransport& tr, MessageHeader* headers,
+                                           uint32_t seq, int parity, int t, int member, int team_warps, int lane) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
   const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
@@ -244,7 +246,7 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
   if (bad != 0) {
     if (member == 0 && lane == __ffs(bad) - 1)
-      report_invalid_expert(p.group.wait.errors, p.group.wait.rank, &state->dispatch_input_error, t, lane, id);
+      report_invalid_expert(p, tr, seq, parity, t, lane, id);
     return;
   }
   const int expert = static_cast<int>(id);
@@ -252,7 +254,10 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u);
   if (dests == 0) return;
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
-  if (member == 0) put_headers(tr, headers, state, seq, t, slot, expert, weight, K, L, dests, lane);
+  if (member == 0) {
+    const int64_t counts = signal_offset(parity, p.group.rank) + static_cast<int64_t>(offsetof(DispatchSignal, count));
+    put_headers(tr, headers, counts, seq, t, slot, expert, weight, K, L, dests, lane);
+  }
   const int64_t payload = slot + static_cast<int64_t>(sizeof(MessageHeader));
   for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
     if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
@@ -263,49 +268,11 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   }
 }
 
-// The send's closing step (last block, every thread): each rank's signal
-// fields, fenced, then its flag. The counts and the error flag are zeroed as
-// they are read, for the next call.
-__device__ __forceinline__ void send_signals(const DispatchParams& p, const NvlinkTransport& tr, LocalState* state,
-                                             uint32_t seq, int parity) {
-  const int R = p.group.num_ranks, L = p.args.num_experts / R;
-  const int words = (L + 3) / 4;
-  const int64_t signal = signal_offset(parity, p.group.rank);
-  const int32_t error = __ldcg(&state->dispatch_input_error);
-  for (int i = threadIdx.x; i < R * words; i += blockDim.x) {
-    const int d = i / words, w = i % words;
-    int32_t c[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int l = 4 * w + u;
-      c[u] = 0;
-      if (l < L) {
-        int32_t* count = &state->expert_count[d * L + l];
-        c[u] = __ldcg(count);
-        *count = 0;
-      }
-    }
-    tr.put_16(d, signal + static_cast<int64_t>(offsetof(DispatchSignal, count)) + 16 * w,
-              make_int4(c[0], c[1], c[2], c[3]));
-  }
-  if (threadIdx.x < R) {
-    const int d = threadIdx.x;
-    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, num_tokens))) = p.args.num_tokens;
-    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, error))) = error;
-    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, has_weights))) =
-        p.args.topk_weights != nullptr || p.args.num_tokens == 0;
-  }
-  tr.fence();
-  __syncthreads();
-  if (threadIdx.x < R) tr.signal(threadIdx.x, signal + offsetof(DispatchSignal, flag), seq);
-  if (threadIdx.x == 0) state->dispatch_input_error = 0;
-}
-
-// One call's send, on every thread of the grid.
-__device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkTransport& tr) {
+// One call's send, on every thread of the grid: the block's tokens, then
+// (block 0) this rank's token count and whether it gave weights, then the
+// block's arrival at every rank.
+__device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq) {
   __shared__ __align__(16) MessageHeader headers[kWarps][kMaxRanks];
-  LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
-  const uint32_t seq = call_number(&state->dispatch_send);
   const int parity = static_cast<int>(seq & 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
@@ -313,9 +280,16 @@ __device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkT
   for (int j = team;; j += teams.count) {
     const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     if (t >= p.args.num_tokens) break;
-    send_token(p, tr, state, headers[warp], seq, parity, t, member, teams.warps, lane);
+    send_token(p, tr, headers[warp], seq, parity, t, member, teams.warps, lane);
   }
-  finish_call(&state->dispatch_send, seq, [&] { send_signals(p, tr, state, seq, parity); });
+  const int64_t signal = signal_offset(parity, p.group.rank);
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.group.num_ranks) {
+    const int d = threadIdx.x;
+    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, num_tokens))) = p.args.num_tokens;
+    *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, has_weights))) =
+        p.args.topk_weights != nullptr || p.args.num_tokens == 0;
+  }
+  arrive_at_peers(tr, p.group.num_ranks, signal + offsetof(DispatchSignal, arrivals));
 }
 
 // ---------------------------------------------------------------------------
@@ -334,8 +308,8 @@ __device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32
   h->failed = failed;
 }
 
-// Thread s < R waits for source s's flag, then notes its token count and
-// error. Returns false on a timeout (recorded).
+// Thread s < R waits for source s's arrivals, then notes its token count and
+// whether it had a bad input. Returns false on a timeout (recorded).
 __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const FixedArea* fixed, uint32_t seq,
                                                 int parity, int32_t* source_tokens, uint32_t* failed_sources,
                                                 uint32_t* weightless_sources) {
@@ -343,13 +317,13 @@ __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const F
   if (s >= p.group.num_ranks) return true;
   const DispatchSignal& signal = fixed->dispatch[parity][s];
   const uint64_t start = device::global_timer_ns();
-  const bool came = device::bounded_wait(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyDispatch,
-                                         [&] { return device::load_acquire_sys(&signal.flag) == seq; });
+  const bool came = await_arrivals(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyDispatch,
+                                   &signal.arrivals, seq);
   if (!came) return false;
   if (blockIdx.x == 0 && p.args.wait_recv_cost_stats != nullptr)
     p.args.wait_recv_cost_stats[s] += static_cast<int64_t>(device::global_timer_ns() - start);
   source_tokens[s] = min(max(__ldcg(&signal.num_tokens), 0), p.args.num_max_tokens);
-  if (__ldcg(&signal.error) != 0) atomicOr(failed_sources, 1u << s);
+  if (__ldcg(&signal.bad_call) == seq) atomicOr(failed_sources, 1u << s);
   if (__ldcg(&signal.has_weights) == 0) atomicOr(weightless_sources, 1u << s);
   return true;
 }
@@ -524,10 +498,10 @@ __device__ __forceinline__ void place_row(const DispatchParams& p, const char* l
   const char* payload = slot + sizeof(MessageHeader);
   const int num_groups = H / kGroup, scale_words = (num_groups + 3) / 4;
   // The small loads first, so they overlap the row's.
-  int32_t topk_slots = 0;
+  uint16_t slots = 0;
   float weight = 0.0f;
   if (lane == 0) {
-    topk_slots = __ldcg(reinterpret_cast<const int32_t*>(slot + offsetof(MessageHeader, topk_slot) + (j & ~3)));
+    slots = __ldcg(reinterpret_cast<const unsigned short*>(slot + offsetof(MessageHeader, slots)) + j);
     weight = __ldcg(reinterpret_cast<const float*>(slot + offsetof(MessageHeader, weight)) + j);
   }
   int4 scales = make_int4(0, 0, 0, 0);
@@ -537,9 +511,9 @@ __device__ __forceinline__ void place_row(const DispatchParams& p, const char* l
   if (lane == 0) {
     char* plan = static_cast<char*>(a.plan);
     a.src_info[out] = t;
-    reinterpret_cast<int32_t*>(plan + p.plan.row_info)[out] = pack_row_info(s, t, (topk_slots >> (8 * (j & 3))) & 0xff);
     const int64_t entry = (static_cast<int64_t>(s) * M + t) * kMaxTopk + j;
     reinterpret_cast<int32_t*>(plan + p.plan.token_rows)[entry] = static_cast<int32_t>(out);
+    reinterpret_cast<uint16_t*>(plan + p.plan.token_slots)[entry] = slots;
     reinterpret_cast<float*>(plan + p.plan.token_weights)[entry] = weight;
   }
   if (a.use_fp8 && lane < scale_words) {
@@ -618,8 +592,12 @@ __device__ __forceinline__ void place_rows(const DispatchParams& p, const char* 
   }
 }
 
-// One call's receive, on every thread of the grid.
-__device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkTransport& tr) {
+// One call's receive, on every thread of the grid. Its last block zeroes the
+// counts it read (the next call of this parity adds to them) and advances the
+// receive's call number, and the send's where this launch ran the send too
+// (`send_seq` nonzero).
+__device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
+                                          uint32_t send_seq) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxRanks];
@@ -628,7 +606,6 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
   __syncthreads();
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
-  const uint32_t seq = call_number(&fixed->local.dispatch_recv);
   const int parity = static_cast<int>(seq & 1);
   const bool all_came =
       __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources, &weightless_sources));
@@ -648,27 +625,30 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
                            static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
     write_plan_header(p, 1, 0);
   }
-  finish_call(&fixed->local.dispatch_recv, seq, [] {});
+  finish_phase(&fixed->local.dispatch_recv, seq, [&] {
+    const int R = p.group.num_ranks, L = p.args.num_experts / R;
+    for (int i = threadIdx.x; i < R * L; i += blockDim.x) fixed->dispatch[parity][i / L].count[i % L] = 0;
+    if (send_seq != 0 && threadIdx.x == 0)
+      *static_cast<volatile uint32_t*>(&fixed->local.dispatch_send.seq) = send_seq;
+  });
 }
 
-__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_send_kernel(const DispatchParams p) {
-  __shared__ void* table[kMaxRanks];
-  send_call(p, block_transport(p.group, table));
-}
-
-__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_recv_kernel(const DispatchParams p) {
-  __shared__ void* table[kMaxRanks];
-  recv_call(p, block_transport(p.group, table));
-}
-
-// Both in one launch. A block that has sent waits for every source, this
-// rank's own last block among them: only safe where every block of the grid
-// is resident at once, i.e. on a GPU no other rank of the group shares.
-__global__ void __launch_bounds__(kThreads, 1) low_latency_dispatch_kernel(const DispatchParams p) {
+// Both phases in one launch only where every block of the grid is resident
+// at once (a GPU no other rank of the group shares): a block that has sent
+// waits for every source, this rank's own blocks among them.
+__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const __grid_constant__ DispatchParams p,
+                                                                const int phases) {
   __shared__ void* table[kMaxRanks];
   const NvlinkTransport tr = block_transport(p.group, table);
-  send_call(p, tr);
-  recv_call(p, tr);
+  LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
+  // Both numbers before any work: the receive's last block stores the send's.
+  const uint32_t send_seq = phases & kPhaseSend ? call_number(&state->dispatch_send) : 0;
+  const uint32_t recv_seq = phases & kPhaseReceive ? call_number(&state->dispatch_recv) : 0;
+  if (phases & kPhaseSend) {
+    send_call(p, tr, send_seq);
+    if (!(phases & kPhaseReceive)) finish_phase(&state->dispatch_send, send_seq, [] {});
+  }
+  if (phases & kPhaseReceive) recv_call(p, tr, recv_seq, send_seq);
 }
 
 DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& region, const Group& group) {
@@ -680,15 +660,11 @@ DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& reg
 void launch_dispatch(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
                      LowLatencyPhase phase, cudaStream_t stream) {
   const DispatchParams p = make_params(args, region, group);
-  if (phase == LowLatencyPhase::kSend)
-    low_latency_dispatch_send_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
-  else if (phase == LowLatencyPhase::kReceive)
-    low_latency_dispatch_recv_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
-  else if (group.gpu_to_itself)
-    low_latency_dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
-  else {
-    low_latency_dispatch_send_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
-    low_latency_dispatch_recv_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p);
+  if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
+    dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
+  } else {
+    dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseSend);
+    dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseReceive);
   }
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }

@@ -3,11 +3,17 @@
 // for its combine. Shared by the host launchers and the kernels: every rank
 // computes the same offsets from the same call.
 //
-// Calls are told apart by sequence numbers, not by zeroing: each of the four
-// kernels (dispatch send / receive, combine send / receive) counts its own
-// calls in LocalState, and a call with number n uses the areas of parity
-// n & 1 and publishes n as its flag. So a graph replay, which cannot take a
-// new number from the host, still gets one.
+// Calls are told apart by sequence numbers, not by zeroing: each phase
+// (dispatch send / receive, combine send / receive) counts its own calls in
+// LocalState, and a call with number n uses the areas of parity n & 1. So a
+// graph replay, which cannot take a new number from the host, still gets one.
+//
+// A sending block signals each destination on its own: once its stores are
+// out it adds to that destination's arrival counter for it (a release), and
+// every call adds exactly kArrivalsPerCall over all of a rank's blocks. So a
+// receiver knows a source is complete when the counter of the call's parity
+// reaches its number of calls of that parity times kArrivalsPerCall: no block
+// of the sender waits for another or closes the call for it.
 #pragma once
 
 #include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
@@ -25,8 +31,16 @@ inline constexpr int kMaxRanks = kMaxNvlRanks;
 inline constexpr int kMaxLocalExperts = kLowLatencyMaxExperts;  // one rank may hold them all
 inline constexpr int kGroup = kLowLatencyScaleGroup;
 
-// One kernel's call counter, and the blocks of its current call that have
-// finished: the last one to finish stores seq + 1 and zeroes `done`.
+// More than any grid has blocks: block 0 adds the rest of it.
+inline constexpr uint32_t kArrivalsPerCall = 1u << 12;
+
+// What a source's counter reads once call `seq` of it has fully arrived (mod 2^32).
+__host__ __device__ constexpr uint32_t arrivals_after(uint32_t seq) {
+  return ((seq + 1) >> 1) * kArrivalsPerCall;
+}
+
+// One phase's call counter, and the blocks of its current call that have
+// finished: the last one stores seq (the call's number) and zeroes `done`.
 struct CallCounter {
   uint32_t seq;
   uint32_t done;
@@ -38,31 +52,28 @@ struct LocalState {
   CallCounter dispatch_recv;
   CallCounter combine_send;
   CallCounter combine_recv;
-  // Dispatch send: nonzero once a token of this call had a bad expert id
-  // (zero between calls).
-  int32_t dispatch_input_error;
-  int32_t pad[3];  // the signals after LocalState stay 16-byte aligned: their counts move in 16-byte words
-  // Dispatch send: tokens of this call per global expert (zero between calls).
-  int32_t expert_count[kLowLatencyMaxExperts];
+  // Combine send on a shared GPU: the first block of a call to take it publishes the weights.
+  uint32_t weights_claim;
+  uint32_t pad[3];
 };
 
-// Written by source rank s into slot [parity][s] of each destination, flag last
-// (release): what the destination needs before it places any row.
+// Slot [parity][s] of a destination, written by source rank s.
 struct DispatchSignal {
-  uint32_t flag;       // the call's sequence number
-  int32_t num_tokens;  // T of rank s
-  int32_t error;       // nonzero: rank s had a bad input; no destination places anything
-  // Rank s gave weights to dispatch (or had no tokens): combine is pre-reduced
-  // only if every rank says so, so all ranks agree on its mode.
+  uint32_t arrivals;   // kArrivalsPerCall per call over s's blocks (release)
+  int32_t num_tokens;  // T of rank s (its block 0)
+  uint32_t bad_call;   // the number of a call of s that had a bad expert id: no destination places anything
+  // Rank s gave weights to dispatch (or had no tokens): combine takes the
+  // dispatch's weights only if every rank says so, so all ranks agree.
   int32_t has_weights;
-  int32_t count[kMaxLocalExperts];  // tokens s sends to each of the destination's experts
+  // Tokens s sends to each of the destination's experts, added by s as it
+  // sends, zeroed by the destination's receive once read.
+  int32_t count[kMaxLocalExperts];
 };
 
-// Written by expert rank d into slot [parity][d] of each source rank once all
-// of d's rows for it are there.
+// Slot [parity][d] of a source rank, written by expert rank d.
 struct CombineSignal {
-  uint32_t flag;
-  int32_t error;  // nonzero: d's plan came from a failed dispatch; no source writes its output
+  uint32_t arrivals;
+  uint32_t bad_call;  // the number of a call of d whose plan was unusable: no source writes its output
   int32_t pad[2];
 };
 
@@ -84,10 +95,10 @@ struct MessageHeader {
   int32_t num_entries;  // distinct experts of the token on the destination, in top-k order
   int32_t pad;
   int16_t local_expert[kMaxTopk];
-  uint8_t topk_slot[kMaxTopk];  // the first k naming that expert: combine's row for it
-  float weight[kMaxTopk];       // with dispatch weights: the sum over k naming that expert
+  uint16_t slots[kMaxTopk];  // the top-k slots naming that expert (bit k: slot k)
+  float weight[kMaxTopk];    // with dispatch weights: the sum over those slots
 };
-static_assert(sizeof(MessageHeader) == 128);
+static_assert(sizeof(MessageHeader) == 144);
 
 // The payload follows the header: the bf16 row (2 * hidden bytes), or the e4m3
 // row (hidden bytes) then hidden / 128 float scales. Its slot is sized for bf16.
@@ -95,15 +106,25 @@ __host__ __device__ constexpr int64_t message_bytes(int hidden) {
   return sizeof(MessageHeader) + align_up(int64_t(hidden) * 2, 16);
 }
 
-// A combine row on the wire: bf16, or (use_logfmt) e4m3 then hidden / 128
-// float scales. Default combine uses slot t * K + k (k: the topk_slot of the
-// header); pre-reduced combine slot t * R + d (d: the expert rank).
-__host__ __device__ constexpr int64_t combine_row_bytes(int hidden) {
+// A combine row on the wire: one per (token, expert rank), the expert rank's
+// weighted sum of its rows of the token. bf16, or (use_logfmt) the LogFMT
+// groups; either way followed by room for one 4-byte word per 128 channels.
+__host__ __device__ constexpr int64_t combine_meta_offset(int hidden) {
   return align_up(int64_t(hidden) * 2, 16);
 }
-__host__ __device__ constexpr int64_t combine_logfmt_scales_offset(int hidden) {
-  return align_up(hidden, 16);
+__host__ __device__ constexpr int64_t combine_row_bytes(int hidden) {
+  return align_up(combine_meta_offset(hidden) + 4 * ((int64_t(hidden) + kGroup - 1) / kGroup), 16);
 }
+
+// A source's combine weights for one token, as an expert rank reads them: per
+// top-k slot the weight (0 where combine's topk_idx names no expert) and the
+// number of the call that wrote it, in one 8-byte word, so that a reader
+// that sees the number sees the weight (no flag, no fence).
+struct TaggedWeight {
+  float weight;
+  uint32_t seq;
+};
+static_assert(sizeof(TaggedWeight) == 8);
 
 struct Region {
   int num_max_tokens = 0;  // M
@@ -112,16 +133,19 @@ struct Region {
   int num_topk = 0;
   int64_t message = 0;      // bytes of one dispatch slot
   int64_t combine_row = 0;  // bytes of one combine slot
-  int64_t combine_slots = 0;
   int64_t dispatch_data[2] = {};  // [R][M] message slots, [s][t] written by rank s
-  int64_t combine_data[2] = {};   // [combine_slots] rows
+  int64_t combine_data[2] = {};   // [M][R] rows, [t][d] written by expert rank d
+  int64_t weights[2] = {};        // [R][M][kMaxTopk] TaggedWeight, [s][t] written by rank s
   int64_t total = 0;
 
   __host__ __device__ int64_t dispatch_slot(int parity, int source, int token) const {
     return dispatch_data[parity] + (int64_t(source) * num_max_tokens + token) * message;
   }
-  __host__ __device__ int64_t combine_slot(int parity, int64_t slot) const {
-    return combine_data[parity] + slot * combine_row;
+  __host__ __device__ int64_t combine_slot(int parity, int token, int expert_rank) const {
+    return combine_data[parity] + (int64_t(token) * num_ranks + expert_rank) * combine_row;
+  }
+  __host__ __device__ int64_t weights_slot(int parity, int source, int token) const {
+    return weights[parity] + (int64_t(source) * num_max_tokens + token) * kMaxTopk * int64_t(sizeof(TaggedWeight));
   }
 };
 
@@ -133,16 +157,16 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
   r.num_topk = num_topk;
   r.message = message_bytes(hidden);
   r.combine_row = combine_row_bytes(hidden);
-  r.combine_slots = int64_t(num_max_tokens) * (num_topk > num_ranks ? num_topk : num_ranks);
+  const int64_t M = num_max_tokens, R = num_ranks;
   int64_t at = kFixedBytes;
-  for (int p = 0; p < 2; ++p) {
-    r.dispatch_data[p] = at;
-    at = align_up(at + int64_t(num_ranks) * num_max_tokens * r.message, 128);
-  }
-  for (int p = 0; p < 2; ++p) {
-    r.combine_data[p] = at;
-    at = align_up(at + r.combine_slots * r.combine_row, 128);
-  }
+  auto take = [&](int64_t bytes) {
+    const int64_t start = at;
+    at = align_up(at + bytes, 128);
+    return start;
+  };
+  for (int p = 0; p < 2; ++p) r.dispatch_data[p] = take(R * M * r.message);
+  for (int p = 0; p < 2; ++p) r.combine_data[p] = take(M * R * r.combine_row);
+  for (int p = 0; p < 2; ++p) r.weights[p] = take(R * M * kMaxTopk * int64_t(sizeof(TaggedWeight)));
   r.total = at;
   return r;
 }
@@ -152,27 +176,13 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
 struct PlanHeader {
   int32_t num_tokens;  // T of this rank's dispatch
   int32_t num_topk;
-  int32_t has_weights;  // every rank's dispatch had weights (or no tokens): combine is pre-reduced
+  int32_t has_weights;  // every rank's dispatch had weights (or no tokens): combine takes those, not its own
   int32_t num_max_tokens;
   int32_t hidden;
   int32_t num_experts;
   int32_t num_ranks;
   int32_t failed;  // the dispatch had a bad input somewhere: its combine moves nothing
 };
-
-// row_info: (source rank << 14) | (source token << 4) | topk slot.
-__host__ __device__ constexpr int32_t pack_row_info(int source, int token, int topk_slot) {
-  return (source << 14) | (token << 4) | topk_slot;
-}
-__host__ __device__ constexpr int row_info_source(int32_t v) {
-  return v >> 14;
-}
-__host__ __device__ constexpr int row_info_token(int32_t v) {
-  return (v >> 4) & 1023;
-}
-__host__ __device__ constexpr int row_info_topk_slot(int32_t v) {
-  return v & 15;
-}
 
 struct Plan {
   int num_max_tokens = 0;
@@ -181,9 +191,9 @@ struct Plan {
   int64_t header = 0;         // PlanHeader
   int64_t recv_count = 0;     // int32 [L]
   int64_t source_tokens = 0;  // int32 [R]: T of each source rank
-  int64_t row_info = 0;       // int32 [L][M*R]
   int64_t token_entries = 0;  // int32 [R][M]: rows received for (s, t); 0 = none
-  int64_t token_rows = 0;     // int32 [R][M][kMaxTopk]: their row numbers, in top-k order
+  int64_t token_rows = 0;     // int32 [R][M][kMaxTopk]: their row numbers (l * M*R + row), in top-k order
+  int64_t token_slots = 0;    // uint16 [R][M][kMaxTopk]: the top-k slots of each (bit k: slot k)
   int64_t token_weights = 0;  // float [R][M][kMaxTopk]: their weights (with dispatch weights)
   int64_t total = 0;
 };
@@ -203,9 +213,9 @@ __host__ __device__ inline Plan make_plan(int num_max_tokens, int num_ranks, int
   p.header = take(sizeof(PlanHeader));
   p.recv_count = take(L * 4);
   p.source_tokens = take(R * 4);
-  p.row_info = take(L * M * R * 4);
   p.token_entries = take(R * M * 4);
   p.token_rows = take(R * M * kMaxTopk * 4);
+  p.token_slots = take(R * M * kMaxTopk * 2);
   p.token_weights = take(R * M * kMaxTopk * 4);
   p.total = at;
   return p;

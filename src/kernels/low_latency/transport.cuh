@@ -1,7 +1,7 @@
 // How low-latency kernels reach a peer: put data, then signal. Today peers
-// are GPUs of this host and both are plain stores through NVLink (peer
-// memory mapped by CUDA IPC); ranks on other hosts would implement the same
-// three calls with NVSHMEM puts, leaving the kernels as they are.
+// are GPUs of this host, reached by stores through NVLink (peer memory mapped
+// by CUDA IPC); ranks on other hosts would implement the same calls with
+// NVSHMEM puts, leaving the kernels as they are.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 namespace turnout::kernels::low_latency {
 
 struct NvlinkTransport {
-  void* const* regions;  // device table: every rank's low-latency region
+  void* const* regions;  // every rank's low-latency region (the block's copy in shared memory)
   int rank;
 
   // This rank's own region (its counters, and what peers wrote to it).
@@ -25,13 +25,20 @@ struct NvlinkTransport {
   __device__ __forceinline__ void put_16(int peer, int64_t offset, const int4& v) const {
     device::store_16(remote(peer, offset), v);
   }
-  // Makes this thread's puts visible to every peer before any signal that
-  // follows it (in this thread, or in one that synchronized with it).
-  __device__ __forceinline__ static void fence() { __threadfence_system(); }
-  // Publishes `value` at `offset` of `peer`'s region: a peer that reads it
-  // with an acquire load sees every put fenced before it.
-  __device__ __forceinline__ void signal(int peer, int64_t offset, uint32_t value) const {
-    device::store_release_sys(reinterpret_cast<uint32_t*>(remote(peer, offset)), value);
+  // One 8-byte word that the reader sees whole or not at all: data and its
+  // call number together need no signal.
+  __device__ __forceinline__ void put_tagged(int peer, int64_t offset, uint64_t v) const {
+    device::store_relaxed_sys(reinterpret_cast<uint64_t*>(remote(peer, offset)), v);
+  }
+  // A count the peer reads once the senders have arrived.
+  __device__ __forceinline__ void add(int peer, int64_t offset, int32_t v) const {
+    device::red_add_relaxed_sys(reinterpret_cast<int32_t*>(remote(peer, offset)), v);
+  }
+  // Adds to the peer's arrival counter at `offset`: a peer that reads the sum
+  // with an acquire load sees every put of this block made before it (the
+  // block's threads meet at a barrier first).
+  __device__ __forceinline__ void arrive(int peer, int64_t offset, uint32_t v) const {
+    device::red_add_release_sys(reinterpret_cast<uint32_t*>(remote(peer, offset)), v);
   }
 };
 

@@ -54,7 +54,7 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
            str(num_topk) + "), the buffer has " + str(static_cast<int64_t>(core.low_latency_bytes())) +
            "; size it with get_low_latency_rdma_size_hint";
   });
-  shape.group.regions = core.peer_low_latency_table();
+  for (int i = 0; i < R; ++i) shape.group.regions[i] = core.peer_low_latency(i);
   shape.group.rank = core.topology().nvl_rank();
   shape.group.num_ranks = R;
   shape.group.num_blocks = core.sm_budget();
