@@ -138,7 +138,7 @@ TEST(ReferenceLogfmt, BoundValues) {
   const double rel32 = (std::exp2(32.0 / 510) - 1) / 2 + std::ldexp(1.0, -18);
   EXPECT_DOUBLE_EQ(bound_at(row, 128), 0.5 * rel32 + tiny);
   EXPECT_DOUBLE_EQ(bound_at(row, 129), std::ldexp(1.0, -40) + tiny);
-  EXPECT_DOUBLE_EQ(bound_at(row, 130), std::ldexp(0.25, -33) + tiny);
+  EXPECT_DOUBLE_EQ(bound_at(row, 130), std::ldexp(0.5, -33) + tiny);
   EXPECT_DOUBLE_EQ(bound_at(row, 131), std::ldexp(1.0, -20) * rel32 + tiny);
   EXPECT_LT(rel32, 0.023);
   // One magnitude (signs and zeros aside) and bf16 groups cross exactly.

@@ -55,7 +55,7 @@ int64_t logfmt_row_bytes_deepep(std::span<const uint16_t> x);
 // Per value, the most |decoded - x| the format's bound allows ([H]): 0 in bf16 groups,
 // for zeros and in groups of one magnitude; otherwise, with amin the smallest nonzero
 // magnitude, a' = max(amin, amax / 2^32), s = log2(amax / a') / 510:
-// |x| ((2^s - 1) / 2 + 2^-18) where |x| >= a', min(|x|, a' - |x|) below, each + 2^-150.
+// |x| ((2^s - 1) / 2 + 2^-18) where |x| >= a', min(|x|, a' / 2) below, each + 2^-150.
 std::vector<double> logfmt_error_bound(std::span<const uint16_t> x);
 
 // ---------------------------------------------------------------------------

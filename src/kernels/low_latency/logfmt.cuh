@@ -28,7 +28,7 @@
 //   bf16 groups, zeros (sign kept), groups of one magnitude:  d = v;
 //   cast group, |v| >= a':  |d - v| <= |v| ((2^s - 1) / 2 + 2^-18);
 //   cast group, |v| < a' (only where amin < amax / 2^32):
-//                           |d - v| <= min(|v|, a' - |v|) <= a' / 2;
+//                           |d - v| <= min(|v|, a' - |v|) <= min(|v|, a' / 2);
 // each + 2^-150 where |d| < 2^-126 (the last scaling rounds to a subnormal).
 // DeepEP's cast groups are at least as coarse (its amin counts zeros, and a
 // zero stretches its range to the full 32 octaves), so where both cast,
