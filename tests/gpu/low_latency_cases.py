@@ -15,10 +15,12 @@ Combine's tolerance, |got - fp64 reference| per value, the sum of:
   2K + R roundings is within 2^-24 of S);
 - pre-reduced (weights given to dispatch): 2^-8 * |p_d| per expert rank d, p_d
   the partial sum that rank sends (one bf16 rounding per rank partial);
-- use_logfmt: |v| / 16 + amax / 2^18 per value v that crosses (amax: the largest
-  |v| of its 128 channels, floored at 1e-4 as the cast floors it), weighted by
-  |w| where the weights come after the crossing (the default) -- the bound
-  include/turnout/low_latency.hpp states.
+- use_logfmt: each expert rank d sends the token one partial row p_d (the sum
+  of w_k * row_k over the token's slots on d) as bf16 cast to LogFMT-10, so per
+  value (1 + 2^-6) times the bound turnout_reference.logfmt_error_bound gives on
+  bf16(p_d) (the one src/kernels/low_latency/logfmt.cuh proves), plus
+  2^-15 |p_d|: the GPU's fp32 partial may round a bf16 ulp off the reference's,
+  which moves |v|, amax and amin by up to 2^-7 and so s by up to 2^-5.4 / 510.
 """
 import dataclasses
 import time
@@ -389,37 +391,24 @@ class MyRows:
         return turnout_reference.low_latency_combine(expert_x, ids, ws, self.refs, only_rank=self.rank)[self.rank]
 
 
-# The logfmt cast floors each group's amax here (an all-zero group still gets
-# a scale); in bf16 this floor stays at or above 1e-4.
-LOGFMT_AMAX_FLOOR = 1.01e-4
-
-
-def group_amax(v: torch.Tensor) -> torch.Tensor:
-    """Each value replaced by the largest |value| of its 128 channels (at
-    least LOGFMT_AMAX_FLOOR)."""
-    t, h = v.shape
-    amax = v.float().abs().view(t, h // 128, 128).amax(-1, keepdim=True).clamp(min=LOGFMT_AMAX_FLOOR)
-    return amax.expand(t, h // 128, 128).reshape(t, h).to(v.dtype)
-
-
 def combine_tolerance(mine: MyRows, topk_idx: np.ndarray, weights: np.ndarray, num_ranks: int, num_experts: int,
                       pre_reduced: bool, logfmt: bool) -> np.ndarray:
     """The tolerance of the module's docstring, less the final rounding."""
     w = np.abs(weights)
     s = mine.combine(topk_idx, w, torch.abs)
     tol = 2.0 ** -18 * s
+    per_rank = num_experts // num_ranks
     if pre_reduced:
-        per_rank = num_experts // num_ranks
         for d in range(num_ranks):
             masked = np.where(topk_idx // per_rank == d, topk_idx, -1)
             p = np.abs(mine.combine(masked, weights))
             tol += 2.0 ** -8 * p
-            if logfmt and p.size:
-                t, h = p.shape
-                amax = np.repeat(np.maximum(p.reshape(t, h // 128, 128).max(-1), LOGFMT_AMAX_FLOOR), 128, axis=-1)
-                tol += (1 + 2.0 ** -7) * (p / 16 + amax / 2.0 ** 18)
-    elif logfmt:
-        tol += s / 16 + mine.combine(topk_idx, w, group_amax) / 2.0 ** 18
+    if logfmt:
+        for d in range(num_ranks):
+            p = mine.combine(np.where(topk_idx // per_rank == d, topk_idx, -1), weights)
+            if p.size:
+                bound = turnout_reference.logfmt_error_bound(bits(torch.from_numpy(p).to(torch.bfloat16)))
+                tol += (1 + 2.0 ** -6) * bound + 2.0 ** -15 * np.abs(p)
     return tol
 
 

@@ -150,6 +150,47 @@ def test_fp8_cast_rejects_bad_shapes():
         cast(bf16_rows(2, 256, seed=1), round_scale=True, use_ue8m0=True)
 
 
+def python_logfmt_bytes(x: torch.Tensor):
+    """(ours, DeepEP's) bytes of one bf16 row, from the rules as README states them."""
+    groups = x.float().abs().view(-1, 128)
+    amax = groups.amax(-1)
+    below = (amax < 1).numpy()  # NaN is not below 1
+    ours = int(np.where(below, 164, 260).sum())
+    chunk_groups = 8 if x.shape[0] % 1024 == 0 else 4
+    deepep = 0
+    for c in range(0, len(below), chunk_groups):
+        g = slice(c, c + chunk_groups)
+        cast = below[g].all() and bool((groups[g].amin(-1) < amax[g]).all())
+        deepep += (164 if cast else 260) * len(below[g])
+    return ours, deepep
+
+
+@pytest.mark.parametrize("hidden", [128, 1408, 7168])
+def test_logfmt_bytes_match_python(hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    for scale in (1e-3, 0.1, 0.5, 2.0):
+        x = torch.randn(hidden, generator=gen) * scale
+        x[torch.randint(0, hidden, (hidden // 64,), generator=gen)] = 0
+        x = x.to(torch.bfloat16)
+        bits = x.view(torch.int16).numpy().view(np.uint16)
+        assert (ref.logfmt_row_bytes_ours(bits), ref.logfmt_row_bytes_deepep(bits)) == python_logfmt_bytes(x)
+
+
+def test_logfmt_bound_keeps_the_shape_and_goes_row_by_row():
+    x = bf16_rows(4, 512, seed=12) * 2.0 ** -24  # every group below 1: all cast
+    bits = x.view(torch.int16).numpy().view(np.uint16)
+    bound = ref.logfmt_error_bound(bits)
+    assert bound.shape == (4, 512) and bound.dtype == np.float64
+    for t in range(4):
+        np.testing.assert_array_equal(ref.logfmt_error_bound(bits[t]), bound[t])
+    # Every value errs by at most 2.3% (32 octaves over 510 steps), zeros not at all.
+    v = np.abs(x.float().double().numpy())
+    assert (bound <= 0.023 * v + 2.0 ** -149).all()
+    assert (bound[v == 0] == 0).all() and (bound[v > 0] > 0).all()
+    with pytest.raises(ValueError, match="x"):
+        ref.logfmt_row_bytes_ours(bits)  # one row at a time
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Low-latency dispatch and combine
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,27 @@ auto cast_to_fp8(HostArray<const uint16_t> x, bool round_scale, bool use_ue8m0) 
   const size_t packed_cols = use_ue8m0 ? h / 512 : 0;
   return nb::make_tuple(to_numpy(std::move(q), {t, h}), to_numpy(std::move(scales), {t, h / 128}),
                         to_numpy(std::move(packed), {t, packed_cols}));
+}
+
+std::span<const uint16_t> logfmt_row(const HostArray<const uint16_t>& x) {
+  if (x.ndim() != 1) throw std::invalid_argument("x: one row, 1-D uint16 bf16 bits [H]");
+  return {x.data(), x.size()};
+}
+
+// Row by row over the last axis, any number of leading axes; the shape of x.
+auto logfmt_error_bound(HostArray<const uint16_t> x) {
+  if (x.ndim() == 0) throw std::invalid_argument("x: uint16 bf16 bits [..., H]");
+  const size_t h = x.shape(x.ndim() - 1);
+  std::vector<double> bound;
+  bound.reserve(x.size());
+  for (size_t r = 0; h > 0 && r < x.size() / h; ++r) {
+    auto row = reference::logfmt_error_bound({x.data() + r * h, h});
+    bound.insert(bound.end(), row.begin(), row.end());
+  }
+  std::vector<size_t> shape(x.shape_ptr(), x.shape_ptr() + x.ndim());
+  auto* owned = new std::vector<double>(std::move(bound));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+  return nb::ndarray<nb::numpy, double>(owned->data(), shape.size(), shape.data(), owner);
 }
 
 // A dispatch result with the shapes its arrays need.
@@ -349,6 +371,18 @@ NB_MODULE(turnout_reference, m) {
   });
   m.def("get_dispatch_layout", &dispatch_layout, "topk_idx"_a, "num_ranks"_a, "num_experts"_a, "num_nvl_ranks"_a,
         "(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank) as numpy arrays");
+  m.def(
+      "logfmt_row_bytes_ours",
+      [](HostArray<const uint16_t> x) { return reference::logfmt_row_bytes_ours(logfmt_row(x)); }, "x"_a,
+      "Bytes LogFMT-10 (use_logfmt) puts on the wire for one bf16 row (uint16 bits [H], H % 128 == 0), meta "
+      "included.");
+  m.def(
+      "logfmt_row_bytes_deepep",
+      [](HostArray<const uint16_t> x) { return reference::logfmt_row_bytes_deepep(logfmt_row(x)); }, "x"_a,
+      "Bytes DeepEP's LogFMT puts on the wire for the same row, by its per-1024 (512) channel chunk rule.");
+  m.def("logfmt_error_bound", &logfmt_error_bound, "x"_a,
+        "float64 of x's shape: the most |decoded - x| LogFMT-10's bound allows per value, rows along the last "
+        "axis (uint16 bf16 bits, H % 128 == 0).");
   m.def("cast_to_fp8", &cast_to_fp8, "x"_a, "round_scale"_a, "use_ue8m0"_a,
         "Per-128-channel FP8 cast of bf16 rows (uint16 bits): (q uint8, scales float32, packed ue8m0 uint32)");
 

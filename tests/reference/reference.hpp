@@ -43,6 +43,22 @@ struct Fp8Row {
 Fp8Row cast_row_to_fp8(std::span<const uint16_t> x, bool round_scale, bool use_ue8m0);
 
 // ---------------------------------------------------------------------------
+// LogFMT-10, low-latency combine's use_logfmt format, of one bf16 row (H % 128 == 0)
+
+// Bytes the format puts on the wire for the row: per 128-channel group 160 if its
+// largest magnitude is below 1 (cast), else 256 (bf16), plus 4 bytes of meta.
+int64_t logfmt_row_bytes_ours(std::span<const uint16_t> x);
+// DeepEP's LogFMT bytes for the same row: casting is decided per chunk of 1024 channels
+// (512 where H % 1024 != 0): a chunk casts iff each of its groups has amax < 1 and
+// amin < amax, amin the smallest magnitude zeros included; same bytes per group.
+int64_t logfmt_row_bytes_deepep(std::span<const uint16_t> x);
+// Per value, the most |decoded - x| the format's bound allows ([H]): 0 in bf16 groups,
+// for zeros and in groups of one magnitude; otherwise, with amin the smallest nonzero
+// magnitude, a' = max(amin, amax / 2^32), s = log2(amax / a') / 510:
+// |x| ((2^s - 1) / 2 + 2^-18) where |x| >= a', min(|x|, a' / 2) below, each + 2^-150.
+std::vector<double> logfmt_error_bound(std::span<const uint16_t> x);
+
+// ---------------------------------------------------------------------------
 // get_dispatch_layout, for one rank
 
 struct DispatchLayout {
