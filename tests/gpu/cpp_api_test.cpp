@@ -452,8 +452,7 @@ int check_low_latency_case(turnout::Buffer& buffer, int rank, cudaStream_t strea
     const double got = ref::bf16_to_float(out[i]), expected = combined[i];
     int e = 0;
     std::frexp(std::max(std::fabs(got), std::fabs(expected)), &e);
-    const double tol =
-        std::ldexp(1.0, e - 9) + magnitude[i] * (std::ldexp(1.0, -18) + 1.0 / 256);
+    const double tol = std::ldexp(1.0, e - 9) + magnitude[i] * (std::ldexp(1.0, -18) + 1.0 / 256);
     EXPECT(std::fabs(got - expected) <= tol, "combined_x[%zu, %zu] = %.9g, reference %.9g (tolerance %.3g)", i / H,
            i % H, got, expected, tol);
   }

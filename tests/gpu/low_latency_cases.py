@@ -13,8 +13,8 @@ Combine's tolerance, |got - fp64 reference| per value, the sum of:
 - half a bf16 ulp of the result (the final rounding);
 - 2^-18 * S, S = sum_k |w_k * row_k| (fp32 accumulation: each of at most
   2K + R roundings is within 2^-24 of S);
-- pre-reduced (weights given to dispatch): 2^-8 * |p_d| per expert rank d, p_d
-  the partial sum that rank sends (one bf16 rounding per rank partial);
+- 2^-8 * |p_d| per expert rank d, p_d the partial sum that rank sends (one
+  bf16 rounding per rank partial: every expert rank pre-reduces);
 - use_logfmt: each expert rank d sends the token one partial row p_d (the sum
   of w_k * row_k over the token's slots on d) as bf16 cast to LogFMT-10, so per
   value (1 + 2^-6) times the bound turnout_reference.logfmt_error_bound gives on
@@ -392,23 +392,18 @@ class MyRows:
 
 
 def combine_tolerance(mine: MyRows, topk_idx: np.ndarray, weights: np.ndarray, num_ranks: int, num_experts: int,
-                      pre_reduced: bool, logfmt: bool) -> np.ndarray:
+                      logfmt: bool) -> np.ndarray:
     """The tolerance of the module's docstring, less the final rounding."""
     w = np.abs(weights)
     s = mine.combine(topk_idx, w, torch.abs)
     tol = 2.0 ** -18 * s
     per_rank = num_experts // num_ranks
-    if pre_reduced:
-        for d in range(num_ranks):
-            masked = np.where(topk_idx // per_rank == d, topk_idx, -1)
-            p = np.abs(mine.combine(masked, weights))
-            tol += 2.0 ** -8 * p
-    if logfmt:
-        for d in range(num_ranks):
-            p = mine.combine(np.where(topk_idx // per_rank == d, topk_idx, -1), weights)
-            if p.size:
-                bound = turnout_reference.logfmt_error_bound(bits(torch.from_numpy(p).to(torch.bfloat16)))
-                tol += (1 + 2.0 ** -6) * bound + 2.0 ** -15 * np.abs(p)
+    for d in range(num_ranks):
+        p = mine.combine(np.where(topk_idx // per_rank == d, topk_idx, -1), weights)
+        tol += 2.0 ** -8 * np.abs(p)
+        if logfmt and p.size:
+            bound = turnout_reference.logfmt_error_bound(bits(torch.from_numpy(p).to(torch.bfloat16)))
+            tol += (1 + 2.0 ** -6) * bound + 2.0 ** -15 * np.abs(p)
     return tol
 
 
@@ -436,7 +431,7 @@ def check_combine(combined: torch.Tensor, mine: MyRows, topk_idx: torch.Tensor, 
         f"{what}: combined_x is {combined.dtype} {tuple(combined.shape)}, expected bf16 {(T, case.hidden)}"
     ids, w = topk_idx.cpu().numpy(), weights.cpu().numpy()
     ref = mine.combine(ids, w)
-    tol = combine_tolerance(mine, ids, w, n, case.experts, True, logfmt)
+    tol = combine_tolerance(mine, ids, w, n, case.experts, logfmt)
     assert_combine_close(combined, ref, tol, what)
 
 

@@ -118,7 +118,8 @@ def test_combine_options(ctx):
                 combined, _, _ = combine_call(buf, y, out[2], topk_idx, weights.to(dev), zero_copy=zero_copy,
                                               use_out=use_out, use_logfmt=logfmt)
                 torch.cuda.synchronize()
-                check_combine(combined, mine, inputs[me].topk_idx, inputs[me].topk_weights, case, n, what, logfmt=logfmt)
+                check_combine(combined, mine, inputs[me].topk_idx, inputs[me].topk_weights, case, n, what,
+                              logfmt=logfmt)
                 results.append((logfmt, combined.clone()))
             # zero_copy and out= change where rows are, not what is summed: same bits.
             for logfmt in (False, True):
@@ -165,7 +166,8 @@ def test_same_inputs_give_same_bits(ctx):
             assert_equal(runs[1][1].view(torch.int16), runs[0][1].view(torch.int16), f"{what}: combined_x of two runs")
             if seed == 19:
                 refs = reference_dispatch(case, n, inputs)
-                check_combine(runs[1][1], MyRows(refs, me, mine.x), mine.topk_idx, mine.topk_weights, case, n, what, logfmt=logfmt)
+                check_combine(runs[1][1], MyRows(refs, me, mine.x), mine.topk_idx, mine.topk_weights, case, n, what,
+                              logfmt=logfmt)
 
 
 test_same_inputs_give_same_bits.timeout = 300

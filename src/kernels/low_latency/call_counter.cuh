@@ -20,7 +20,7 @@ inline constexpr int kPhaseSend = 1;
 inline constexpr int kPhaseReceive = 2;
 
 __host__ __device__ constexpr int phase_bits(LowLatencyPhase phase) {
-  return phase == LowLatencyPhase::kSend ? kPhaseSend
+  return phase == LowLatencyPhase::kSend      ? kPhaseSend
          : phase == LowLatencyPhase::kReceive ? kPhaseReceive
                                               : kPhaseSend | kPhaseReceive;
 }
@@ -68,9 +68,8 @@ __device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int n
 __device__ __forceinline__ bool await_arrivals(const WaitContext& wait, int peer, WaitSite site,
                                                const uint32_t* arrivals, uint32_t seq) {
   const uint32_t target = arrivals_after(seq);
-  return device::bounded_wait(wait, peer, site, [&] {
-    return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0;
-  });
+  return device::bounded_wait(wait, peer, site,
+                              [&] { return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0; });
 }
 
 }  // namespace turnout::kernels::low_latency

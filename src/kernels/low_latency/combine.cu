@@ -41,12 +41,15 @@ constexpr int kWarps = kThreads / 32;
 // 14 items per token at hidden 7168; four 128-channel groups.
 constexpr int kChunk = 512;
 constexpr int kChunkWords = kChunk / 8;
-static_assert(kChunk % kGroup == 0 && kChunkWords == 64);
+static_assert(kChunk % kGroup == 0 && kChunkWords == 64 && kChunk == kLogfmtChunk);
 // Rows whose words a lane loads before using any: a top-8 token's rows in one
 // round trip, within the 128 registers a 512-thread block leaves a thread.
 constexpr int kBatch = 8;
 // LogFMT stages each warp's chunk in shared memory before it crosses.
 constexpr int kStageBytes = 1024;
+
+static_assert(combine_row_bytes(7168) == logfmt_row_bytes(7168) && combine_row_bytes(1408) == logfmt_row_bytes(1408) &&
+              combine_meta_offset(1408) == logfmt_meta_offset(1408));
 
 struct CombineParams {
   LowLatencyCombineArgs args;
@@ -131,16 +134,16 @@ __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, v
 // This rank's combine weights of tokens first, first + stride, ... to every
 // rank: per (token, slot k) the weight, 0 where topk_idx names no expert
 // (that slot's row is dropped), tagged with the call's number.
-__device__ void publish_weights(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
-                                int first, int stride) {
+__device__ void publish_weights(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity, int first,
+                                int stride) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, T = a.num_tokens;
   const int tokens = first < T ? (T - first + stride - 1) / stride : 0;
   for (int i = threadIdx.x; i < tokens * K; i += blockDim.x) {
     const int t = first + i / K * stride, k = i % K;
     const int64_t expert = __ldg(a.topk_idx + static_cast<int64_t>(t) * K + k);
-    const float w = expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k)
-                                                          : 0.0f;
+    const float w =
+        expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k) : 0.0f;
     const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(seq) << 32;
     const int64_t at = p.region.weights_slot(parity, p.group.rank, t) + static_cast<int64_t>(sizeof(TaggedWeight)) * k;
     for (int d = 0; d < p.group.num_ranks; ++d) tr.put_tagged(d, at, word);
@@ -345,7 +348,7 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
   const int L = p.plan.num_local_experts;
   const int lane = threadIdx.x % 32;
   // LogFMT decodes in registers: fewer rows in flight.
-  constexpr int kRows = kLogfmt ? 4 : kBatch;
+  constexpr int kRows = kLogfmt ? 2 : kBatch;
   const int C = num_chunks(H);
   const int num_items = a.num_tokens * C;
   for (int i = global_warp(); i < num_items; i += num_global_warps()) {
@@ -366,15 +369,17 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
         row[r] = self + p.region.combine_slot(parity, t, d);
       }
       if constexpr (kLogfmt) {
-        float v[kRows][16];
+        LogfmtLaneWords words[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-          load_logfmt_chunk(row[r], H, c, has[r] && lane_word<true>(c, lane, 0) < n16, v[r]);
+          words[r] = load_logfmt_lane(row[r], H, c, has[r] && lane_word<true>(c, lane, 0) < n16);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (!has[r]) break;
+          float v[16];
+          decode_logfmt_lane(words[r], v);
 #pragma unroll
-          for (int k = 0; k < 16; ++k) acc[k] += v[r][k];
+          for (int k = 0; k < 16; ++k) acc[k] += v[k];
         }
       } else {
         int4 in[kRows][2];
@@ -459,8 +464,8 @@ __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTr
 // at once (a GPU no other rank of the group shares): a block that has sent
 // waits for every expert rank, this rank's own blocks among them.
 template <bool kLogfmt>
-__global__ void __launch_bounds__(kThreads, 1) combine_kernel(const __grid_constant__ CombineParams p,
-                                                               const int phases) {
+__global__ void __launch_bounds__(kThreads, 1)
+    combine_kernel(const __grid_constant__ CombineParams p, const int phases) {
   __shared__ void* table[kMaxRanks];
   __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
   const NvlinkTransport tr = block_transport(p.group, table);
@@ -471,7 +476,8 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(const __grid_const
   if (phases & kPhaseSend) {
     const bool fused = (phases & kPhaseReceive) != 0;
     send_call<kLogfmt>(p, tr, send_seq, fused, stage);
-    if (!fused) finish_phase(&state->combine_send, send_seq, [&] {
+    if (!fused)
+      finish_phase(&state->combine_send, send_seq, [&] {
         if (threadIdx.x == 0) state->weights_claim = 0;
       });
   }

@@ -177,11 +177,10 @@ __device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned
 // learns that this call of this rank had a bad input, before the block arrives.
 __device__ __noinline__ void report_invalid_expert(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
                                                    int parity, int token, int slot, int64_t expert) {
-  device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token,
-                       expert);
+  device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token, expert);
   for (int d = 0; d < p.group.num_ranks; ++d)
-    *reinterpret_cast<volatile uint32_t*>(tr.remote(d, signal_offset(parity, p.group.rank) +
-                                                           offsetof(DispatchSignal, bad_call))) = seq;
+    *reinterpret_cast<volatile uint32_t*>(
+        tr.remote(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call))) = seq;
 }
 
 // The first warp of a team: each destination's header, built in this warp's
@@ -245,8 +244,7 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   RowPass pass = load_pass(row, n16, member, team_warps, lane);
   const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
   if (bad != 0) {
-    if (member == 0 && lane == __ffs(bad) - 1)
-      report_invalid_expert(p, tr, seq, parity, t, lane, id);
+    if (member == 0 && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id);
     return;
   }
   const int expert = static_cast<int>(id);
@@ -628,16 +626,15 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
   finish_phase(&fixed->local.dispatch_recv, seq, [&] {
     const int R = p.group.num_ranks, L = p.args.num_experts / R;
     for (int i = threadIdx.x; i < R * L; i += blockDim.x) fixed->dispatch[parity][i / L].count[i % L] = 0;
-    if (send_seq != 0 && threadIdx.x == 0)
-      *static_cast<volatile uint32_t*>(&fixed->local.dispatch_send.seq) = send_seq;
+    if (send_seq != 0 && threadIdx.x == 0) *static_cast<volatile uint32_t*>(&fixed->local.dispatch_send.seq) = send_seq;
   });
 }
 
 // Both phases in one launch only where every block of the grid is resident
 // at once (a GPU no other rank of the group shares): a block that has sent
 // waits for every source, this rank's own blocks among them.
-__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(const __grid_constant__ DispatchParams p,
-                                                                const int phases) {
+__global__ void __launch_bounds__(kThreads, 1)
+    dispatch_kernel(const __grid_constant__ DispatchParams p, const int phases) {
   __shared__ void* table[kMaxRanks];
   const NvlinkTransport tr = block_transport(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;

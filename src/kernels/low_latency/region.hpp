@@ -131,8 +131,8 @@ struct Region {
   int hidden = 0;
   int num_ranks = 0;
   int num_topk = 0;
-  int64_t message = 0;      // bytes of one dispatch slot
-  int64_t combine_row = 0;  // bytes of one combine slot
+  int64_t message = 0;            // bytes of one dispatch slot
+  int64_t combine_row = 0;        // bytes of one combine slot
   int64_t dispatch_data[2] = {};  // [R][M] message slots, [s][t] written by rank s
   int64_t combine_data[2] = {};   // [M][R] rows, [t][d] written by expert rank d
   int64_t weights[2] = {};        // [R][M][kMaxTopk] TaggedWeight, [s][t] written by rank s
