@@ -85,9 +85,9 @@ def test_size_hint_grows_with_tokens_and_hidden():
 def test_plan_bytes_hold_the_plan_and_stay_aligned(m, r, e):
     plan = _C.low_latency_plan_bytes(m, r, e)
     local = e // r
-    # Header, counts per expert and per source, one int per row, and per (source, token) an entry count
-    # plus top-k rows and weights.
-    floor = 32 + 4 * local + 4 * r + 4 * local * m * r + 4 * r * m + 2 * 4 * r * m * ll.MAX_TOPK
+    # Header, counts per expert and per source, and per (source, token) an entry count plus per top-k
+    # entry its row, its slots (two bytes) and its weight.
+    floor = 32 + 4 * local + 4 * r + 4 * r * m + (4 + 2 + 4) * r * m * ll.MAX_TOPK
     assert plan >= floor and plan % 16 == 0
     # Bounded too: no more than the parts each rounded up to 128 bytes.
     assert plan <= floor + 7 * 128
