@@ -1,19 +1,31 @@
 """Low-latency mode without a GPU: DeepEP's signatures, the size functions,
 and the Python layer (checks, output sets, handles, hooks, streams) driven
 over CPU tensors against a stand-in for the native buffer that holds every
-call to the binding's own signature."""
+call to the binding's own signature (low_latency_standin)."""
 import inspect
-import re
-import types
 import weakref
 
 import pytest
 import torch
 
+from low_latency_standin import (
+    CALLER_STREAM,
+    COMM_STREAM,
+    E,
+    H,
+    K,
+    M,
+    R,
+    T,
+    combine,
+    dispatch,
+    expert_rows,
+    inputs,
+    make_context,
+    patch_streams,
+)
 from turnout import _C, Buffer
 from turnout.ops import low_latency as ll
-from turnout.ops import streams
-from turnout.ops.context import OpContext
 
 # -- DeepEP's signatures ----------------------------------------------------------------------------------------
 
@@ -127,100 +139,10 @@ def test_low_latency_arguments_pass_their_checks():
 
 # -- the Python layer over a stand-in native buffer --------------------------------------------------------------
 
-def binding_parameters(method):
-    """(name, type) of each parameter of a bound _C.Buffer method, from its signature."""
-    doc = getattr(_C.Buffer, method).__doc__
-    inside = re.match(rf"{method}\(self, (.*)\) -> None", doc).group(1)
-    return [tuple(p.split(": ")) for p in inside.split(", ")]
-
-
-def conforms(value, kind):
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "int | None":
-        return value is None or conforms(value, "int")
-    if kind == "bool":
-        return isinstance(value, bool)
-    return f"{type(value).__module__}.{type(value).__qualname__}" == kind
-
-
-class NativeStandIn:
-    """Records each call by parameter name after checking it against the
-    binding's signature: what the real module would accept."""
-
-    destroyed = False
-
-    def __init__(self):
-        self.calls = []
-
-    def _record(self, method, args):
-        params = binding_parameters(method)
-        assert len(args) == len(params), f"{method}: {len(args)} arguments for {len(params)} parameters"
-        for value, (name, kind) in zip(args, params):
-            assert conforms(value, kind), f"{method}: {name}={value!r} is no {kind}"
-        self.calls.append((method, dict(zip((n for n, _ in params), args))))
-
-    def low_latency_dispatch(self, *args):
-        self._record("low_latency_dispatch", args)
-
-    def low_latency_combine(self, *args):
-        self._record("low_latency_combine", args)
-
-    def clean_low_latency_buffer(self, *args):
-        self._record("clean_low_latency_buffer", args)
-
-    def join(self, waiter, waited):
-        self.calls.append(("join", {"waiter": waiter, "waited": waited}))
-
-
-CALLER_STREAM = 0x1000
-COMM_STREAM = 0x2000
-
-
 @pytest.fixture(autouse=True)
 def caller_stream(monkeypatch):
     """The caller's stream as the ops read it; tests change it through the list."""
-    current = [CALLER_STREAM]
-    monkeypatch.setattr(ll, "current_raw_stream", lambda device_index: current[0])
-    monkeypatch.setattr(streams, "current_raw_stream", lambda device_index: current[0])
-    return current
-
-
-def make_context(num_ranks=4, low_latency_mode=True):
-    """What an OpContext holds, on the CPU."""
-    context = types.SimpleNamespace(native=NativeStandIn(), device=torch.device("cpu"), device_index=0,
-                                    num_ranks=num_ranks, num_rdma_ranks=1, comm_stream=None, comm_raw=COMM_STREAM,
-                                    handle_owner=object(), low_latency=None)
-    assert set(vars(context)) == set(OpContext.__slots__)
-    if low_latency_mode:
-        context.low_latency = ll.LowLatencyState(COMM_STREAM)
-    return context
-
-
-R, M, H, E, T, K = 4, 8, 256, 16, 5, 3
-
-
-def inputs(tokens=T, hidden=H, topk=K, experts=E):
-    g = torch.Generator().manual_seed(tokens * 1000 + hidden)
-    x = torch.randn(tokens, hidden, generator=g).bfloat16()
-    topk_idx = torch.randint(-1, experts, (tokens, topk), generator=g)
-    return x, topk_idx
-
-
-def dispatch(context, x, topk_idx, max_tokens=M, experts=E, cumulative=None, wait=None, use_fp8=True,
-             round_scale=False, use_ue8m0=False, async_finish=False, return_recv_hook=False, topk_weights=None):
-    return ll.dispatch(context, x, topk_idx, max_tokens, experts, cumulative, wait, use_fp8, round_scale, use_ue8m0,
-                       async_finish, return_recv_hook, topk_weights)
-
-
-def combine(context, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False, async_finish=False,
-            return_recv_hook=False, out=None, wait=None):
-    return ll.combine(context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, async_finish,
-                      return_recv_hook, out, wait)
-
-
-def expert_rows(context, hidden=H, experts=E, max_tokens=M):
-    return torch.zeros(experts // context.num_ranks, max_tokens * context.num_ranks, hidden, dtype=torch.bfloat16)
+    return patch_streams(monkeypatch)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "ue8m0"])

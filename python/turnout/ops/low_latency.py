@@ -172,7 +172,9 @@ class _ReceiveHook:
         if self._called:
             raise RuntimeError(f"{self._op}: this receive hook was already called; each hook launches its receive once")
         self._called = True
-        self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state))
+        # As the Buffer's ops: nothing of a TorchFunctionMode or subclass runs here.
+        with torch._C.DisableTorchFunction():
+            self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state))
 
 
 def _state(context: OpContext, op: str) -> LowLatencyState:
