@@ -80,7 +80,8 @@ class Buffer:
                                  nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream)
         self._context = OpContext(self._native, device, size, self._comm_stream)
         if low_latency_mode:
-            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw)
+            ring = _C.EventRing(device=device, size=low_latency.EVENT_RING_SIZE)
+            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw, ring)
         self.rank = rank
         self.group_size = size
         self.group = group

@@ -112,6 +112,13 @@ def low_latency_calls(buf, a: LowLatencyInputs):
     combined = buf.low_latency_combine(a.y, a.topk_idx, a.weights, hooked[2], return_recv_hook=True)
     combined[2]()
     results.append(combined)
+    # async_finish, its events waited for both ways DeepEP code waits.
+    out = buf.low_latency_dispatch(a.x, a.topk_idx, M, E, a.stats, async_finish=True)
+    out[3].current_stream_wait()
+    results.append(out)
+    combined = buf.low_latency_combine(a.y, a.topk_idx, a.weights, out[2], async_finish=True)
+    with combined[1]:
+        results.append(combined)
     buf.clean_low_latency_buffer(M, a.hidden, E)
     return results
 
@@ -126,7 +133,8 @@ def test_low_latency_ops_make_no_torch_function_call(deepep_defaults):
     assert made_by_ops == [], f"torch functions called through the mode inside the ops: {made_by_ops}"
     assert mode.seen == ["__get__"], mode.seen
     kinds = [method for method, _ in context.native.calls]
-    assert kinds.count("low_latency_dispatch") == 7 and kinds.count("low_latency_combine") == 9, kinds
+    assert kinds.count("low_latency_dispatch") == 8 and kinds.count("low_latency_combine") == 10, kinds
+    assert context.low_latency.ring.records, "the async calls recorded events"
     assert kinds[-1] == "clean_low_latency_buffer"
     outputs = [t for r in results for t in tensors_of(r)]
     assert outputs and all(t.device == META for t in outputs), \
