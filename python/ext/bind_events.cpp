@@ -53,13 +53,27 @@ bool query(const CommEvent& event) {
   detail::throw_cuda_error(status, "cudaEventQuery(event)", __FILE__, __LINE__);
 }
 
+// Host wait. Nothing to wait for once the CUDA runtime is unloading (at exit)
+// or for an event last recorded inside a capture.
+void synchronize(const CommEvent& event) {
+  const cudaError_t status = cudaEventSynchronize(event.get());
+  if (status == cudaSuccess) return;
+  if (status == cudaErrorCudartUnloading || status == cudaErrorCapturedEvent) {
+    (void)cudaGetLastError();
+    return;
+  }
+  detail::throw_cuda_error(status, "cudaEventSynchronize(event)", __FILE__, __LINE__);
+}
+
 }  // namespace
 
 void bind_events(nb::module_& m) {
   nb::class_<CommEvent>(m, "CommEvent",
                         "The event a low-latency call with async_finish recorded on the communication stream.")
       .def("wait", &wait, "stream"_a, "Makes the CUDA stream of this handle wait for the event.")
-      .def("query", &query, "True once the work recorded before the event has finished.");
+      .def("query", &query, "True once the work recorded before the event has finished.")
+      .def("synchronize", &synchronize, nb::call_guard<nb::gil_scoped_release>(),
+           "Waits on the host until the work recorded before the event has finished.");
   nb::class_<EventRing>(m, "EventRing")
       .def(nb::init<int, int>(), "device"_a, "size"_a)
       .def_prop_ro("size", &EventRing::size);

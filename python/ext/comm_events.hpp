@@ -16,7 +16,7 @@ namespace turnout::bindings {
 
 namespace nb = nanobind;
 
-// Python: turnout._C.CommEvent (wait(stream), query()). Owns its CUDA event,
+// Python: turnout._C.CommEvent (wait(stream), query(), synchronize()). Owns its CUDA event,
 // so an EventOverlap holding it stays valid after its ring and Buffer are gone.
 class CommEvent {
  public:

@@ -23,17 +23,23 @@ def binding_parameters(method):
 
 class FakeEvent:
     """A turnout._C.CommEvent: complete once a test sets ``done`` (a new record
-    clears it); keeps the streams made to wait for it and counts its queries."""
+    clears it); keeps the streams made to wait for it and counts its queries
+    and host waits (which complete it)."""
 
     def __init__(self, index):
         self.index = index
         self.done = False
         self.waits = []
         self.queries = 0
+        self.synchronized = 0
 
     def query(self):
         self.queries += 1
         return self.done
+
+    def synchronize(self):
+        self.synchronized += 1
+        self.done = True
 
     def wait(self, stream):
         self.waits.append(stream)

@@ -412,6 +412,27 @@ def test_destroy_releases_the_pending_calls_after_the_native_buffer():
         dispatch(context, *inputs(), async_finish=True)
 
 
+def test_a_collected_state_waits_for_its_newest_pending_call_first():
+    """A Buffer collected without destroy(): its low-latency state goes before
+    the native buffer, so it waits on the host for the GPU to be done with
+    what its pending calls hold."""
+    context = make_context()
+    events = context.low_latency.ring.events
+    xs = [async_call_holding(context, t) for t in (1, 2, 3)]
+    events[0].done = True
+    async_call_holding(context, 4)  # releases the first call
+    context.low_latency = None
+    assert [e.synchronized for e in events[:4]] == [0, 0, 0, 1], "only the newest pending event is waited for"
+    assert all(x() is None for x in xs)
+    # After destroy (release) nothing is pending: collecting the state waits for nothing.
+    destroyed = make_context()
+    events = destroyed.low_latency.ring.events
+    async_call_holding(destroyed, 1)
+    destroyed.low_latency.release()
+    destroyed.low_latency = None
+    assert events[0].synchronized == 0
+
+
 def test_an_async_launch_that_raises_joins_the_callers_stream_back():
     context = make_context()
     x, topk_idx = inputs()

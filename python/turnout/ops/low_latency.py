@@ -132,6 +132,14 @@ class LowLatencyState:
         self.shapes = None
         self.pending.clear()
 
+    def __del__(self) -> None:
+        # Collected with a Buffer that was not destroyed: its context lets go of
+        # this state before the native buffer (slots go in name order), so the
+        # GPU must be done with the pending calls' tensors first. The newest
+        # event follows every older call on the communication stream.
+        if self.pending:
+            self.pending[-1][0].synchronize()
+
 
 class LowLatencyHandle(tuple):
     """What low_latency_dispatch returns for its combine: DeepEP's five entries
