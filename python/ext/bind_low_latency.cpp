@@ -3,11 +3,15 @@
 // once, holding its sizes and output addresses; a call then passes only what
 // changes from call to call, positionally: each argument converted costs time
 // on a path whose whole host budget is a few microseconds.
+//
+// A launch given an EventRing (an async_finish call) also records the ring's
+// next event on its stream and returns it; given None it returns None.
 #include <nanobind/stl/optional.h>
 
 #include <string>
 
 #include "bindings.hpp"
+#include "comm_events.hpp"
 
 namespace turnout::bindings {
 
@@ -20,6 +24,10 @@ LowLatencyPhase to_phase(int phase, const char* op) {
     throw InvalidArgument(std::string(op) + ": phase must be 0 (send and receive), 1 (send) or 2 (receive), got " +
                           std::to_string(phase));
   return static_cast<LowLatencyPhase>(phase);
+}
+
+nb::object recorded(EventRing* ring, uintptr_t s) {
+  return ring ? ring->record(stream(s)) : nb::none();
 }
 
 // The fixed part of a dispatch: sizes, format and the output set it writes.
@@ -41,10 +49,10 @@ void dispatch_outputs(LowLatencyDispatchArgs* self, int hidden, int num_max_toke
   a->plan = ptr<void>(plan);
 }
 
-void low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs, uintptr_t x, int num_tokens,
-                          uintptr_t topk_idx, int num_topk, uintptr_t topk_weights, bool round_scale,
-                          uintptr_t cumulative_local_expert_recv_stats, uintptr_t wait_recv_cost_stats, int phase,
-                          uintptr_t s, MaybeStream wait_for) {
+nb::object low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs, uintptr_t x, int num_tokens,
+                                uintptr_t topk_idx, int num_topk, uintptr_t topk_weights, bool round_scale,
+                                uintptr_t cumulative_local_expert_recv_stats, uintptr_t wait_recv_cost_stats, int phase,
+                                uintptr_t s, MaybeStream wait_for, EventRing* ring) {
   LowLatencyDispatchArgs a = outputs;
   a.x = ptr<const void>(x);
   a.num_tokens = num_tokens;
@@ -57,11 +65,13 @@ void low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs, uint
   const LowLatencyPhase p = to_phase(phase, "low_latency_dispatch");
   join_before(b, s, wait_for);
   b.low_latency_dispatch(a, p, stream(s));
+  return recorded(ring, s);
 }
 
-void low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_topk, int hidden, int num_max_tokens,
-                         int num_experts, uintptr_t topk_idx, uintptr_t topk_weights, uintptr_t plan, bool use_logfmt,
-                         uintptr_t out, uintptr_t wait_recv_cost_stats, int phase, uintptr_t s, MaybeStream wait_for) {
+nb::object low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_topk, int hidden, int num_max_tokens,
+                               int num_experts, uintptr_t topk_idx, uintptr_t topk_weights, uintptr_t plan,
+                               bool use_logfmt, uintptr_t out, uintptr_t wait_recv_cost_stats, int phase, uintptr_t s,
+                               MaybeStream wait_for, EventRing* ring) {
   LowLatencyCombineArgs a;
   a.x = ptr<const void>(x);
   a.num_tokens = num_tokens;
@@ -78,6 +88,7 @@ void low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_topk, i
   const LowLatencyPhase p = to_phase(phase, "low_latency_combine");
   join_before(b, s, wait_for);
   b.low_latency_combine(a, p, stream(s));
+  return recorded(ring, s);
 }
 
 void clean_low_latency_buffer(Buffer& b, uintptr_t s, MaybeStream wait_for, MaybeStream join_to) {
@@ -141,10 +152,10 @@ void bind_low_latency(nb::module_& m, BufferClass& buffer) {
   buffer.def_prop_ro("num_low_latency_bytes", &Buffer::num_low_latency_bytes)
       .def("low_latency_dispatch", &low_latency_dispatch, "outputs"_a, "x"_a, "num_tokens"_a, "topk_idx"_a,
            "num_topk"_a, "topk_weights"_a, "round_scale"_a, "cumulative_local_expert_recv_stats"_a,
-           "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a)
+           "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a, "ring"_a.none())
       .def("low_latency_combine", &low_latency_combine, "x"_a, "num_tokens"_a, "num_topk"_a, "hidden"_a,
            "num_max_tokens"_a, "num_experts"_a, "topk_idx"_a, "topk_weights"_a, "plan"_a, "use_logfmt"_a, "out"_a,
-           "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a)
+           "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a, "ring"_a.none())
       .def("clean_low_latency_buffer", &clean_low_latency_buffer, "stream"_a, "wait_for"_a, "join_to"_a);
 }
 

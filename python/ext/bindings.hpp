@@ -40,6 +40,8 @@ inline void join_after(Buffer& buffer, uintptr_t op_stream, MaybeStream join_to)
 }
 
 void bind_config(nb::module_& m);
+// CommEvent and EventRing (comm_events.hpp), before the low-latency ops that return them.
+void bind_events(nb::module_& m);
 // Construction, properties and the calls every mode shares; the mode files add
 // their ops to the class it returns.
 BufferClass bind_buffer(nb::module_& m);

@@ -74,6 +74,7 @@ NB_MODULE(_C, m) {
   turnout::set_interrupt_check(python_signal_pending);
   m.def("is_sm90_compiled", &turnout::is_sm90_compiled);
   bindings::bind_config(m);
+  bindings::bind_events(m);
   bindings::BufferClass buffer = bindings::bind_buffer(m);
   bindings::bind_layout(buffer);
   bindings::bind_intranode(buffer);

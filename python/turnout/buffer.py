@@ -11,6 +11,15 @@ from .event import EventOverlap
 from .ops import intranode, layout, low_latency
 from .ops.context import OpContext, require_alive
 
+# Every op's body runs with torch-function dispatch off: under a
+# TorchFunctionMode (torch.set_default_device installs one) or with a Tensor
+# subclass, each tensor access would otherwise run Python code, a few
+# microseconds each and dozens per call. Every allocation inside names its
+# device and dtype, so neither default applies there. An explicit block costs
+# less than a wrapping decorator (one Python frame fewer) and keeps the
+# methods' signatures as written.
+_torch_function_off = torch._C.DisableTorchFunction
+
 
 class Buffer:
     """The communication buffer of one rank of an expert-parallel group.
@@ -71,7 +80,8 @@ class Buffer:
                                  nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream)
         self._context = OpContext(self._native, device, size, self._comm_stream)
         if low_latency_mode:
-            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw)
+            ring = _C.EventRing(device=device, size=low_latency.EVENT_RING_SIZE)
+            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw, ring)
         self.rank = rank
         self.group_size = size
         self.group = group
@@ -153,7 +163,7 @@ class Buffer:
             fail(op, "use_rdma_buffer", "False (this buffer has no RDMA part)", use_rdma_buffer)
         if not isinstance(dtype, torch.dtype):
             fail(op, "dtype", "a torch.dtype", type(dtype).__name__, TypeError)
-        item = torch.empty((), dtype=dtype).element_size()
+        item = dtype.itemsize
         check_int(op, "offset", offset, 0, self.num_nvl_bytes)
         if offset % item:
             fail(op, "offset", f"a multiple of {dtype}'s size {item}", offset)
@@ -180,8 +190,9 @@ class Buffer:
         found by the kernel: the next dispatch then fails on every rank, and
         the ValueError names this call.
         """
-        return layout.get_dispatch_layout(self._context, topk_idx, num_experts, previous_event, async_finish,
-                                          allocate_on_comm_stream)
+        with _torch_function_off():
+            return layout.get_dispatch_layout(self._context, topk_idx, num_experts, previous_event, async_finish,
+                                              allocate_on_comm_stream)
 
     def _config(self, op: str, config, default) -> "_C.Config":
         return default(self.group_size) if config is None else check_config(op, config)
@@ -204,10 +215,11 @@ class Buffer:
         waits for the receive counts (so such a dispatch cannot be captured in
         a CUDA graph); a bad input on any rank then raises on every rank.
         """
-        config = self._config("dispatch", config, Buffer.get_dispatch_config)
-        return intranode.dispatch(self._context, x, handle, num_tokens_per_rank, is_token_in_rank,
-                                  num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens,
-                                  config, previous_event, async_finish, allocate_on_comm_stream)
+        with _torch_function_off():
+            config = self._config("dispatch", config, Buffer.get_dispatch_config)
+            return intranode.dispatch(self._context, x, handle, num_tokens_per_rank, is_token_in_rank,
+                                      num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
+                                      num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream)
 
     def combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None, bias=None,
                 config=None, previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
@@ -215,9 +227,10 @@ class Buffer:
         """Sends each row of ``x`` back to the rank its token came from and sums
         the rows of each token there (fp32), plus ``bias`` (a tensor or a tuple of
         two). Returns ``(combined_x, combined_topk_weights or None, event)``."""
-        config = self._config("combine", config, Buffer.get_combine_config)
-        return intranode.combine(self._context, x, handle, topk_weights, bias, config, previous_event, async_finish,
-                                 allocate_on_comm_stream)
+        with _torch_function_off():
+            config = self._config("combine", config, Buffer.get_combine_config)
+            return intranode.combine(self._context, x, handle, topk_weights, bias, config, previous_event,
+                                     async_finish, allocate_on_comm_stream)
 
     # -- low-latency mode ---------------------------------------------------------------------------------------
     # DeepEP's signatures: an argument of a DeepEP fork (use_nvfp4, x_global_scale,
@@ -241,9 +254,10 @@ class Buffer:
         ``return_recv_hook`` only the send runs; ``hook()`` launches the
         receive on the stream current then.
         """
-        return low_latency.dispatch(self._context, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
-                                    cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
-                                    round_scale, use_ue8m0, async_finish, return_recv_hook, topk_weights)
+        with _torch_function_off():
+            return low_latency.dispatch(self._context, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                                        cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
+                                        round_scale, use_ue8m0, async_finish, return_recv_hook, topk_weights)
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle,
                             use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
@@ -255,17 +269,20 @@ class Buffer:
         ``combined_x`` is ``out`` when given, else a new tensor. ``zero_copy``: the
         rows were written into :meth:`get_next_low_latency_combine_buffer`.
         ``use_logfmt``: rows cross as e4m3 with a scale per 128 channels (lossy)."""
-        return low_latency.combine(self._context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
-                                   async_finish, return_recv_hook, out, combine_wait_recv_cost_stats)
+        with _torch_function_off():
+            return low_latency.combine(self._context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
+                                       async_finish, return_recv_hook, out, combine_wait_recv_cost_stats)
 
     def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
         """The [L, M*R, H] bf16 tensor a ``zero_copy`` combine of ``handle`` sends from."""
-        return low_latency.get_next_combine_buffer(self._context, handle)
+        with _torch_function_off():
+            return low_latency.get_next_combine_buffer(self._context, handle)
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Collective: resets the low-latency region (after a failed call, or
         normal-mode use of the same buffer). Every rank calls it."""
-        low_latency.clean(self._context, num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        with _torch_function_off():
+            low_latency.clean(self._context, num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------
 

@@ -1,8 +1,25 @@
 """EventOverlap: an optional CUDA event with the tensors that must outlive it;
-EventHandle: DeepEP's event recorded where it is made."""
+EventHandle: DeepEP's event recorded where it is made.
+
+An EventOverlap's event is a ``torch.cuda.Event`` (the normal-mode ops,
+EventHandle, ``Buffer.capture``) or, from a low-latency op with
+``async_finish``, a ``turnout._C.CommEvent``: one of the buffer's reused
+events, which waits on a raw stream handle (``wait(stream)``, ``query()``)."""
 from typing import Any, Optional, Tuple
 
 import torch
+
+# torch.cuda.current_stream() builds a Python object each call (microseconds);
+# the raw getters return its handle.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def current_stream_handle() -> int:
+    """The handle of the current CUDA stream of the current device."""
+    if _raw_stream is None or _current_device is None:
+        return torch.cuda.current_stream().cuda_stream
+    return _raw_stream(_current_device())
 
 
 class EventHandle(torch.cuda.Event):
@@ -26,17 +43,20 @@ class EventOverlap:
     for the event (a no-op when there is none).
     """
 
-    def __init__(self, event: Optional[torch.cuda.Event] = None,
-                 extra_tensors: Optional[Tuple[Any, ...]] = None) -> None:
+    def __init__(self, event=None, extra_tensors: Optional[Tuple[Any, ...]] = None) -> None:
         self.event = event
         # Kept alive until the event is waited for: the op may still read them.
         self.extra_tensors = extra_tensors
 
     def current_stream_wait(self) -> None:
         """Make the current CUDA stream wait for the op."""
-        if self.event is None:
+        event = self.event
+        if event is None:
             raise RuntimeError("EventOverlap.current_stream_wait: no event (the op was not async)")
-        torch.cuda.current_stream().wait_event(self.event)
+        if isinstance(event, torch.cuda.Event):
+            torch.cuda.current_stream().wait_event(event)
+        else:
+            event.wait(current_stream_handle())
 
     def __enter__(self) -> "EventOverlap":
         return self

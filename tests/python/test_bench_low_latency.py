@@ -1,7 +1,20 @@
 """The low-latency bench's targets and verdicts on made-up merged rows (no GPU):
-each target is judged only where TARGETS.md sets it, and GPU times of ranks
-sharing a GPU are labelled."""
-from turnout.bench.low_latency import PROTOCOL, SHARED_LABEL, finish, make_row, plot_series, title
+each target is judged only where TARGETS.md sets it, the long-running pair
+against the fresh pair of the same run, and GPU times of ranks sharing a GPU
+are labelled."""
+from turnout.bench.low_latency import (
+    FORMATS,
+    FRESH_PAIR,
+    HOST_ONLY_FIGURES,
+    LONG_PAIR,
+    MIXED_CALLS,
+    PROTOCOL,
+    SHARED_LABEL,
+    finish,
+    make_row,
+    plot_series,
+    title,
+)
 
 GPU = make_row("gpu", "dispatch FP8", "graph x20", time_us=14.0)
 HOOK = make_row("gpu", "dispatch FP8, hook: send", "graph x1", time_us=3.0)
@@ -45,3 +58,41 @@ def test_other_shapes_judge_host_time_only():
     rows = judged(4, tokens=64)
     assert rows["dispatch FP8"]["verdict"] == rows["wire: dispatch FP8"]["verdict"] == "n/a: not the protocol's shape"
     assert rows["host: dispatch FP8"]["verdict"] == "not met"
+
+
+def loop_rows(fresh_us, long_us, **shape):
+    rows = [make_row("gpu", FRESH_PAIR, "events", time_us=fresh_us), make_row("gpu", LONG_PAIR, "events",
+                                                                            time_us=long_us)]
+    return [dict(r, **dict(PROTOCOL, **shape)) for r in rows]
+
+
+def test_long_running_pair_is_judged_against_the_fresh_pair_of_the_same_run():
+    fresh, within = finish(loop_rows(90.0, 99.5), 4, False)
+    assert (fresh["target"], fresh["verdict"]) == (None, "-")
+    assert within["target"] == f"<= {FRESH_PAIR} + 10 us"
+    assert (within["target_value"], within["verdict"]) == (100.0, "met")
+    _, beyond = finish(loop_rows(90.0, 100.5), 4, False)
+    assert beyond["verdict"] == "not met"
+    # Any rank count and shape: both figures come from the same run.
+    _, at8 = finish(loop_rows(90.0, 120.0, tokens=64), 8, False)
+    assert at8["verdict"] == "not met"
+    _, shared = finish(loop_rows(300.0, 305.0), 8, True)
+    assert shared["verdict"] == "met (shared GPU)" and shared["label"] == SHARED_LABEL
+    alone, = finish(loop_rows(90.0, 95.0)[1:], 4, False)
+    assert (alone["target_value"], alone["verdict"]) == (None, "-"), "without the fresh row there is no target"
+
+
+def test_async_finish_host_rows_have_the_host_target():
+    rows = [dict(make_row("host", op, "perf_counter_ns", time_us=us), **PROTOCOL)
+            for (op, _, _), us in zip(HOST_ONLY_FIGURES, (12.0, 16.0))]
+    judged_rows = finish(rows, 4, False)
+    assert [r["figure"] for r in judged_rows] == ["host: dispatch FP8, async_finish",
+                                                  "host: combine BF16, async_finish"]
+    assert [(r["target"], r["verdict"]) for r in judged_rows] == [("<= 15 us", "met"), ("<= 15 us", "not met")]
+
+
+def test_mixed_calls_make_every_format_and_kind():
+    assert {fmt for fmt, _ in MIXED_CALLS} == set(FORMATS)
+    assert {kind for _, kind in MIXED_CALLS} == {"plain", "hook", "async", "twice", "weights"}
+    calls = sum({"hook": 4, "twice": 4}.get(kind, 2) for _, kind in MIXED_CALLS)
+    assert calls == 32, calls

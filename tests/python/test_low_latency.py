@@ -1,19 +1,33 @@
 """Low-latency mode without a GPU: DeepEP's signatures, the size functions,
 and the Python layer (checks, output sets, handles, hooks, streams) driven
 over CPU tensors against a stand-in for the native buffer that holds every
-call to the binding's own signature."""
+call to the binding's own signature (low_latency_standin)."""
 import inspect
-import re
-import types
 import weakref
 
 import pytest
 import torch
 
+from low_latency_standin import (
+    CALLER_STREAM,
+    COMM_STREAM,
+    E,
+    FakeRing,
+    H,
+    K,
+    M,
+    R,
+    T,
+    combine,
+    dispatch,
+    expert_rows,
+    inputs,
+    make_context,
+    patch_streams,
+)
 from turnout import _C, Buffer
 from turnout.ops import low_latency as ll
-from turnout.ops import streams
-from turnout.ops.context import OpContext
+from turnout.ops import streams as ops_streams
 
 # -- DeepEP's signatures ----------------------------------------------------------------------------------------
 
@@ -127,100 +141,10 @@ def test_low_latency_arguments_pass_their_checks():
 
 # -- the Python layer over a stand-in native buffer --------------------------------------------------------------
 
-def binding_parameters(method):
-    """(name, type) of each parameter of a bound _C.Buffer method, from its signature."""
-    doc = getattr(_C.Buffer, method).__doc__
-    inside = re.match(rf"{method}\(self, (.*)\) -> None", doc).group(1)
-    return [tuple(p.split(": ")) for p in inside.split(", ")]
-
-
-def conforms(value, kind):
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "int | None":
-        return value is None or conforms(value, "int")
-    if kind == "bool":
-        return isinstance(value, bool)
-    return f"{type(value).__module__}.{type(value).__qualname__}" == kind
-
-
-class NativeStandIn:
-    """Records each call by parameter name after checking it against the
-    binding's signature: what the real module would accept."""
-
-    destroyed = False
-
-    def __init__(self):
-        self.calls = []
-
-    def _record(self, method, args):
-        params = binding_parameters(method)
-        assert len(args) == len(params), f"{method}: {len(args)} arguments for {len(params)} parameters"
-        for value, (name, kind) in zip(args, params):
-            assert conforms(value, kind), f"{method}: {name}={value!r} is no {kind}"
-        self.calls.append((method, dict(zip((n for n, _ in params), args))))
-
-    def low_latency_dispatch(self, *args):
-        self._record("low_latency_dispatch", args)
-
-    def low_latency_combine(self, *args):
-        self._record("low_latency_combine", args)
-
-    def clean_low_latency_buffer(self, *args):
-        self._record("clean_low_latency_buffer", args)
-
-    def join(self, waiter, waited):
-        self.calls.append(("join", {"waiter": waiter, "waited": waited}))
-
-
-CALLER_STREAM = 0x1000
-COMM_STREAM = 0x2000
-
-
 @pytest.fixture(autouse=True)
 def caller_stream(monkeypatch):
     """The caller's stream as the ops read it; tests change it through the list."""
-    current = [CALLER_STREAM]
-    monkeypatch.setattr(ll, "current_raw_stream", lambda device_index: current[0])
-    monkeypatch.setattr(streams, "current_raw_stream", lambda device_index: current[0])
-    return current
-
-
-def make_context(num_ranks=4, low_latency_mode=True):
-    """What an OpContext holds, on the CPU."""
-    context = types.SimpleNamespace(native=NativeStandIn(), device=torch.device("cpu"), device_index=0,
-                                    num_ranks=num_ranks, num_rdma_ranks=1, comm_stream=None, comm_raw=COMM_STREAM,
-                                    handle_owner=object(), low_latency=None)
-    assert set(vars(context)) == set(OpContext.__slots__)
-    if low_latency_mode:
-        context.low_latency = ll.LowLatencyState(COMM_STREAM)
-    return context
-
-
-R, M, H, E, T, K = 4, 8, 256, 16, 5, 3
-
-
-def inputs(tokens=T, hidden=H, topk=K, experts=E):
-    g = torch.Generator().manual_seed(tokens * 1000 + hidden)
-    x = torch.randn(tokens, hidden, generator=g).bfloat16()
-    topk_idx = torch.randint(-1, experts, (tokens, topk), generator=g)
-    return x, topk_idx
-
-
-def dispatch(context, x, topk_idx, max_tokens=M, experts=E, cumulative=None, wait=None, use_fp8=True,
-             round_scale=False, use_ue8m0=False, async_finish=False, return_recv_hook=False, topk_weights=None):
-    return ll.dispatch(context, x, topk_idx, max_tokens, experts, cumulative, wait, use_fp8, round_scale, use_ue8m0,
-                       async_finish, return_recv_hook, topk_weights)
-
-
-def combine(context, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False, async_finish=False,
-            return_recv_hook=False, out=None, wait=None):
-    return ll.combine(context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, async_finish,
-                      return_recv_hook, out, wait)
-
-
-def expert_rows(context, hidden=H, experts=E, max_tokens=M):
-    return torch.zeros(experts // context.num_ranks, max_tokens * context.num_ranks, hidden, dtype=torch.bfloat16)
+    return patch_streams(monkeypatch)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "ue8m0"])
@@ -329,7 +253,7 @@ def test_combine_passes_the_handle_and_its_inputs():
                     "num_experts": E, "topk_idx": topk_idx.data_ptr(), "topk_weights": weights.data_ptr(),
                     "plan": handle.plan.data_ptr(), "use_logfmt": True, "out": out.data_ptr(),
                     "wait_recv_cost_stats": wait.data_ptr(), "phase": _C.LOW_LATENCY_SEND_AND_RECEIVE,
-                    "stream": CALLER_STREAM, "wait_for": None}
+                    "stream": CALLER_STREAM, "wait_for": None, "ring": None}
 
 
 def test_zero_copy_sends_from_the_combine_buffer_of_the_handles_parity():
@@ -400,6 +324,154 @@ def test_an_op_on_the_callers_stream_first_waits_for_an_async_one():
     assert context.native.calls[-1][1]["wait_for"] == COMM_STREAM and not context.low_latency.comm_ahead
     dispatch(context, x, topk_idx)
     assert context.native.calls[-1][1]["wait_for"] is None
+
+
+# -- async_finish: the ring's events and the pending calls -------------------------------------------------------
+
+def test_async_finish_runs_on_the_comm_stream_and_returns_the_rings_event():
+    context = make_context()
+    state, ring = context.low_latency, context.low_latency.ring
+    x, topk_idx = inputs()
+    _, _, handle, event, hook = dispatch(context, x, topk_idx, async_finish=True)
+    assert hook is None and event.event is ring.events[0]
+    method, call = context.native.calls[-1]
+    assert method == "low_latency_dispatch"
+    assert (call["phase"], call["stream"], call["wait_for"], call["ring"]) == \
+        (_C.LOW_LATENCY_SEND_AND_RECEIVE, COMM_STREAM, CALLER_STREAM, ring)
+    assert ring.records == [(ring.events[0], COMM_STREAM)] and state.comm_ahead
+    (pending_event, tensors), = state.pending
+    assert pending_event is ring.events[0] and tensors[0] is x and tensors[1] is topk_idx
+    assert event.extra_tensors is tensors
+
+    y, weights = expert_rows(context), torch.rand(T, K)
+    combined_x, event, hook = combine(context, y, topk_idx, weights, handle, async_finish=True)
+    assert hook is None and event.event is ring.events[1]
+    assert context.native.calls[-1][1]["ring"] is ring and context.native.calls[-1][1]["stream"] == COMM_STREAM
+    assert [e for e, _ in state.pending] == ring.events[:2]
+    assert any(t is combined_x for t in state.pending[1][1]), "combine's output must live until its event"
+    # Not async: no ring, no event, nothing pending added; it waits for the comm stream first.
+    dispatch(context, x, topk_idx)
+    call = context.native.calls[-1][1]
+    assert (call["ring"], call["wait_for"]) == (None, COMM_STREAM) and len(state.pending) == 2
+
+
+def async_call_holding(context, tokens):
+    """An async_finish dispatch of fresh inputs; returns a weak reference to its x."""
+    x, topk_idx = inputs(tokens=tokens)
+    dispatch(context, x, topk_idx, async_finish=True)
+    return weakref.ref(x)
+
+
+def test_pending_calls_are_released_oldest_first_once_their_event_completed():
+    context = make_context()
+    state, events = context.low_latency, context.low_latency.ring.events
+    xs = [async_call_holding(context, t) for t in (1, 2, 3)]
+    assert all(x() is not None for x in xs), "the pending calls keep their inputs"
+    assert [e.queries for e in events[:3]] == [2, 0, 0], "each async call asks the oldest pending event"
+    events[1].done = True  # completed, but behind an older call that has not
+    xs.append(async_call_holding(context, 4))
+    assert [e for e, _ in state.pending] == events[:4]
+    assert [e.queries for e in events[:3]] == [3, 0, 0], "oldest first, stopping at the first not done"
+    assert all(x() is not None for x in xs)
+    events[0].done = True
+    xs.append(async_call_holding(context, 5))
+    assert [e for e, _ in state.pending] == [events[2], events[3], events[4]]
+    assert (xs[0](), xs[1]()) == (None, None), "the two completed calls are released"
+    assert all(x() is not None for x in xs[2:])
+    for e in events[2:5]:
+        e.done = True
+    xs.append(async_call_holding(context, 6))
+    assert [e for e, _ in state.pending] == [events[5]] and all(x() is None for x in xs[:5])
+    # Calls on the caller's stream do not query: the pending call stays until the next async one.
+    events[5].done = True
+    queries = events[5].queries
+    dispatch(context, *inputs())
+    assert events[5].queries == queries and len(state.pending) == 1
+
+
+def test_a_wrapped_ring_event_holds_both_calls_until_the_later_one_completed():
+    context = make_context()
+    context.low_latency.ring = ring = FakeRing(size=2)
+    state = context.low_latency
+    xs = [async_call_holding(context, t) for t in (1, 2, 3)]  # the third re-records the first's event
+    assert [e for e, _ in state.pending] == [ring.events[0], ring.events[1], ring.events[0]]
+    ring.events[1].done = True
+    xs.append(async_call_holding(context, 4))  # records events[1] again: pending again
+    assert len(state.pending) == 4 and all(x() is not None for x in xs)
+
+
+def test_destroy_releases_the_pending_calls_after_the_native_buffer():
+    context = make_context()
+    buf = Buffer.__new__(Buffer)
+    buf._native, buf._context, buf.explicitly_destroy = context.native, context, True
+    xs = [async_call_holding(context, t) for t in (1, 2)]
+    buf.destroy()
+    assert context.native.calls[-1] == ("destroy", {})
+    assert not context.low_latency.pending and all(x() is None for x in xs)
+    with pytest.raises(RuntimeError, match="destroyed"):
+        dispatch(context, *inputs(), async_finish=True)
+
+
+def test_a_collected_state_waits_for_its_newest_pending_call_first():
+    """A Buffer collected without destroy(): its low-latency state goes before
+    the native buffer, so it waits on the host for the GPU to be done with
+    what its pending calls hold."""
+    context = make_context()
+    events = context.low_latency.ring.events
+    xs = [async_call_holding(context, t) for t in (1, 2, 3)]
+    events[0].done = True
+    async_call_holding(context, 4)  # releases the first call
+    context.low_latency = None
+    assert [e.synchronized for e in events[:4]] == [0, 0, 0, 1], "only the newest pending event is waited for"
+    assert all(x() is None for x in xs)
+    # After destroy (release) nothing is pending: collecting the state waits for nothing.
+    destroyed = make_context()
+    events = destroyed.low_latency.ring.events
+    async_call_holding(destroyed, 1)
+    destroyed.low_latency.release()
+    destroyed.low_latency = None
+    assert events[0].synchronized == 0
+
+
+def test_an_async_launch_that_raises_joins_the_callers_stream_back():
+    context = make_context()
+    x, topk_idx = inputs()
+    context.native.fail_next = RuntimeError("raised after the launch")
+    with pytest.raises(RuntimeError, match="raised after the launch"):
+        dispatch(context, x, topk_idx, async_finish=True)
+    assert context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
+    assert not context.low_latency.pending and not context.low_latency.comm_ahead
+
+
+def test_an_async_call_inside_a_graph_capture_neither_queries_nor_queues(monkeypatch):
+    context = make_context()
+    state, events = context.low_latency, context.low_latency.ring.events
+    async_call_holding(context, 1)
+    monkeypatch.setattr(ll, "stream_capturing", lambda: True)
+    x, topk_idx = inputs(tokens=2)
+    event = dispatch(context, x, topk_idx, async_finish=True)[3]
+    assert event.event is events[1] and event.extra_tensors[0] is x, "the EventOverlap keeps the tensors"
+    assert events[0].queries == 0 and [e for e, _ in state.pending] == [events[0]]
+
+
+def test_previous_event_may_be_a_low_latency_event():
+    """A normal op after an async_finish low-latency one: the communication
+    stream waits for the native event by its raw handle."""
+    context = make_context()
+    event = dispatch(context, *inputs(), async_finish=True)[3]
+    streams = ops_streams.OpStreams(context, "get_dispatch_layout", event, False, False)
+    assert event.event.waits == [COMM_STREAM] and streams.wait_for is None
+    assert streams.join_to == CALLER_STREAM
+
+
+def test_event_overlap_waits_for_a_low_latency_event_on_the_current_stream(caller_stream):
+    context = make_context()
+    event = dispatch(context, *inputs(), async_finish=True)[3]
+    caller_stream[0] = 0x3000
+    event.current_stream_wait()
+    with event as entered:
+        assert entered is event
+    assert event.event.waits == [0x3000, 0x3000]
 
 
 def test_clean_runs_on_the_comm_stream_joined_both_ways():

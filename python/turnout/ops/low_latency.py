@@ -12,8 +12,12 @@ Without async_finish an op runs on the caller's stream (no stream joins: the
 caller's stream is the one that must wait for it anyway). With async_finish
 it runs on the communication stream; the next op launched on the caller's
 stream first waits for that stream, so low-latency calls never overlap each
-other (their device counters step once per call).
+other (their device counters step once per call). Such an op's event is one
+of the buffer's ring of native events (turnout._C.CommEvent), recorded by
+the launch itself, and its tensors wait in the buffer's queue of pending calls
+until that event has completed (no record_stream, no new event per call).
 """
+from collections import deque
 from typing import Optional
 
 import torch
@@ -36,6 +40,15 @@ _RECEIVE: int = _C.LOW_LATENCY_RECEIVE
 
 # Formats of dispatch's recv_x: bf16, e4m3 with float scales, e4m3 with packed UE8M0 scales.
 _BF16, _FP8, _UE8M0 = 0, 1, 2
+
+# Events of a buffer's ring: an event comes round again after this many
+# async_finish calls; a wait on it made later waits for the later call too.
+EVENT_RING_SIZE = 16
+
+# Whether the current stream is capturing a CUDA graph: querying an event then
+# is not allowed (it would end the capture).
+_capturing_getter = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+stream_capturing = _capturing_getter if _capturing_getter is not None else (lambda: False)
 
 
 class _OutputSet:
@@ -90,21 +103,42 @@ class _Shape:
 
 
 class LowLatencyState:
-    """A low-latency Buffer's Python-side state: its output sets by shape, and
+    """A low-latency Buffer's Python-side state: its output sets by shape,
     whether the communication stream holds a low-latency op that the caller's
-    stream has not waited for yet (an async_finish call)."""
+    stream has not waited for yet (an async_finish call), the ring of events
+    such ops record (turnout._C.EventRing) and, oldest first, the
+    ``(event, tensors)`` of those that may still run."""
 
-    __slots__ = ("shapes", "comm_ahead", "comm_raw")
+    __slots__ = ("shapes", "comm_ahead", "comm_raw", "ring", "pending")
 
-    def __init__(self, comm_raw: int) -> None:
+    def __init__(self, comm_raw: int, ring) -> None:
         self.shapes = {}
         self.comm_ahead = False
         self.comm_raw = comm_raw
+        self.ring = ring
+        self.pending = deque()
+
+    def release_finished(self) -> None:
+        """Lets go of the tensors of the async_finish calls whose event has
+        completed, oldest first, up to the first that has not."""
+        pending = self.pending
+        while pending and pending[0][0].query():
+            pending.popleft()
 
     def release(self) -> None:
-        """Drops the output sets once the Buffer is destroyed (tensors the
-        caller still holds stay valid); later calls raise."""
+        """Drops the output sets and pending calls once the Buffer is destroyed
+        (its destroy has waited for the GPU; tensors the caller still holds
+        stay valid); later calls raise."""
         self.shapes = None
+        self.pending.clear()
+
+    def __del__(self) -> None:
+        # Collected with a Buffer that was not destroyed: its context lets go of
+        # this state before the native buffer (slots go in name order), so the
+        # GPU must be done with the pending calls' tensors first. The newest
+        # event follows every older call on the communication stream.
+        if self.pending:
+            self.pending[-1][0].synchronize()
 
 
 class LowLatencyHandle(tuple):
@@ -172,7 +206,9 @@ class _ReceiveHook:
         if self._called:
             raise RuntimeError(f"{self._op}: this receive hook was already called; each hook launches its receive once")
         self._called = True
-        self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state))
+        # As the Buffer's ops: nothing of a TorchFunctionMode or subclass runs here.
+        with torch._C.DisableTorchFunction():
+            self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state), None)
 
 
 def _state(context: OpContext, op: str) -> LowLatencyState:
@@ -292,17 +328,37 @@ def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: t
             async_finish: bool, return_recv_hook: bool):
     """Runs an op (both phases, or the send with a hook for the receive);
     returns ``(event, hook)``."""
-    if async_finish:
-        with OpStreams(context, op, None, True, False) as streams:
-            launch(*args, _SEND_AND_RECEIVE, context.comm_raw, streams.wait_for)
-        state.comm_ahead = True
-        return streams.finish(tensors), None
     stream = current_raw_stream(context.device_index)
+    if async_finish:
+        return _launch_async(context, state, launch, args, tensors, stream), None
     if return_recv_hook:
-        launch(*args, _SEND, stream, _join_comm(state))
+        launch(*args, _SEND, stream, _join_comm(state), None)
         return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
-    launch(*args, _SEND_AND_RECEIVE, stream, _join_comm(state))
+    launch(*args, _SEND_AND_RECEIVE, stream, _join_comm(state), None)
     return EventOverlap(), None
+
+
+def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple,
+                  caller: int) -> EventOverlap:
+    """An async_finish op: on the communication stream, after the caller's
+    stream; the launch records the ring's next event after it."""
+    capturing = stream_capturing()
+    if not capturing:
+        state.release_finished()
+    comm = context.comm_raw
+    try:
+        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
+    except BaseException:
+        # A launch that raises may have queued work first: the caller's stream
+        # must not run ahead of it (nor free what it reads).
+        context.native.join(waiter=caller, waited=comm)
+        raise
+    state.comm_ahead = True
+    # Inside a capture the graph's replays, not this queue, decide how long
+    # the tensors are needed, and its events cannot be queried.
+    if not capturing:
+        state.pending.append((event, tensors))
+    return EventOverlap(event, tensors)
 
 
 def _check_handle(context: OpContext, op: str, handle) -> tuple:

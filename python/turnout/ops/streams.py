@@ -47,7 +47,11 @@ class OpStreams:
         compute_raw = current_raw_stream(context.device_index)
         self.wait_for = compute_raw
         if previous_event is not None and previous_event.event is not None:
-            context.comm_stream.wait_event(previous_event.event)
+            event = previous_event.event
+            if isinstance(event, torch.cuda.Event):
+                context.comm_stream.wait_event(event)
+            else:
+                event.wait(context.comm_raw)  # a low-latency op's CommEvent
             self.wait_for = None
         # The caller's stream object: only allocate_on_comm_stream needs it back.
         self._compute = None
