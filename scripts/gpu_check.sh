@@ -48,7 +48,7 @@ if [ "$bench_args" != none ] && [ -n "${BASELINE:-}" ]; then
   # The earlier library with this tree's bench over it: both sides time the same figures.
   site=/tmp/turnout-baseline
   rm -rf "$site" && python3 -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps \
-    --target "$site" "$BASELINE" -Cbuild-dir=/tmp/turnout-baseline-build > "$out/baseline-build.log" 2>&1 &&
+    --target "$site" "$(cd "$BASELINE" && pwd)" -Cbuild-dir=/tmp/turnout-baseline-build > "$out/baseline-build.log" 2>&1 &&
     rm -rf "$site/turnout/bench" && cp -r python/turnout/bench "$site/turnout/bench" &&
     (cd /tmp && PYTHONPATH="$site" python3 -m turnout.bench $bench_args --json "$out/bench-baseline.json") \
       > "$out/bench-baseline.log" 2>&1

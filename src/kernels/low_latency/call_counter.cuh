@@ -1,9 +1,12 @@
 // Call numbers and the arrival protocol of the low-latency kernels (see
-// region.hpp). Every block reads its phase's call number at its start; the
-// last block to finish a phase stores it, so the next launch reads the next
-// one. Only a phase's own blocks meet here (an atomic in local memory): no
-// block waits for another, and nothing is assumed about how many blocks are
-// resident at once (ranks sharing a GPU share its SMs).
+// region.hpp). Every block reads its phases' call numbers at its start. Where
+// a launch runs one phase, the last block to finish it stores the number, so
+// the next launch reads the next one: the phase's own blocks meet by an
+// atomic in local memory, and nothing is assumed about how many blocks are
+// resident at once (ranks sharing a GPU share its SMs). Where a launch runs
+// both, every block is resident and block 0 stores both numbers once this
+// rank's own blocks have all arrived (so all have read them): no atomic, no
+// block waits for the last one.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +64,22 @@ __device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int n
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < num_ranks)
     tr.arrive(threadIdx.x, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);
+}
+
+// Block 0 of a launch that runs both phases, after its receive's wait: once
+// every block of this rank has arrived (each read the numbers first), the
+// next launch may read the next numbers. This rank's own blocks never wait
+// before they arrive, so the spin ends whatever its peers do.
+__device__ __forceinline__ void advance_both(CallCounter* send, uint32_t send_seq, CallCounter* receive,
+                                             uint32_t recv_seq, const uint32_t* own_arrivals) {
+  __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const uint32_t target = arrivals_after(send_seq);
+    while (static_cast<int32_t>(device::load_acquire_sys(own_arrivals) - target) < 0) {
+    }
+    *static_cast<volatile uint32_t*>(&send->seq) = send_seq;
+    *static_cast<volatile uint32_t*>(&receive->seq) = recv_seq;
+  }
 }
 
 // Thread-level: spins until call `seq` of the source whose counter is at

@@ -412,9 +412,9 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
   }
 }
 
-// One call's receive, on every thread of the grid. Its last block advances
-// the receive's call number, and the send's where this launch ran the send
-// too (`send_seq` nonzero).
+// One call's receive, on every thread of the grid. The receive's call number
+// advances at the end, and the send's where this launch ran the send too
+// (`send_seq` nonzero).
 template <bool kLogfmt>
 __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq,
                                           uint32_t send_seq) {
@@ -452,12 +452,11 @@ __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTr
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
                          g.wait.first_nvl_rank + __ffs(failed_ranks) - 1, static_cast<int>(OpKind::kLowLatencyCombine),
                          0, 0);
-  finish_phase(&fixed->local.combine_recv, seq, [&] {
-    if (send_seq != 0 && threadIdx.x == 0) {
-      fixed->local.weights_claim = 0;
-      *static_cast<volatile uint32_t*>(&fixed->local.combine_send.seq) = send_seq;
-    }
-  });
+  if (send_seq != 0)
+    advance_both(&fixed->local.combine_send, send_seq, &fixed->local.combine_recv, seq,
+                 &fixed->combine[send_seq & 1][g.rank].arrivals);
+  else
+    finish_phase(&fixed->local.combine_recv, seq, [] {});
 }
 
 // Both phases in one launch only where every block of the grid is resident

@@ -70,6 +70,12 @@ __host__ __device__ constexpr int64_t signal_offset(int parity, int source) {
          (static_cast<int64_t>(parity) * kMaxRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
 }
 
+// Where source `source`'s counts of set `set` lie in a region.
+__host__ __device__ constexpr int64_t counts_offset(int set, int source) {
+  return static_cast<int64_t>(offsetof(FixedArea, counts)) +
+         (static_cast<int64_t>(set) * kMaxRanks + source) * kMaxLocalExperts * static_cast<int64_t>(sizeof(int32_t));
+}
+
 // The peers' regions, copied once per block from the launch's parameters into
 // shared memory: every put looks its peer up there.
 __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, void** table) {
@@ -252,10 +258,9 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u);
   if (dests == 0) return;
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
-  if (member == 0) {
-    const int64_t counts = signal_offset(parity, p.group.rank) + static_cast<int64_t>(offsetof(DispatchSignal, count));
-    put_headers(tr, headers, counts, seq, t, slot, expert, weight, K, L, dests, lane);
-  }
+  if (member == 0)
+    put_headers(tr, headers, counts_offset(seq % kCountSets, p.group.rank), seq, t, slot, expert, weight, K, L, dests,
+                lane);
   const int64_t payload = slot + static_cast<int64_t>(sizeof(MessageHeader));
   for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
     if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
@@ -330,7 +335,7 @@ __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const F
 // pair i = l * R + s are [first_row[i], first_row[i + 1]) of the flat
 // numbering, first_row[E] their total. Every thread of the block calls it;
 // thread x takes pairs kPairsPerThread * x on.
-__device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, int num_ranks, int num_pairs,
+__device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int num_ranks, int num_pairs,
                                             int max_count, int32_t* first_row, int32_t* warp_sums) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i0 = kPairsPerThread * static_cast<int>(threadIdx.x);
@@ -339,8 +344,7 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int parity, 
 #pragma unroll
   for (int u = 0; u < kPairsPerThread; ++u) {
     const int i = i0 + u;
-    c[u] = i < num_pairs ? min(max(__ldcg(&fixed->dispatch[parity][i % num_ranks].count[i / num_ranks]), 0), max_count)
-                         : 0;
+    c[u] = i < num_pairs ? min(max(__ldcg(&fixed->counts[set][i % num_ranks][i / num_ranks]), 0), max_count) : 0;
     sum += c[u];
   }
   const int32_t mine = sum;
@@ -590,10 +594,9 @@ __device__ __forceinline__ void place_rows(const DispatchParams& p, const char* 
   }
 }
 
-// One call's receive, on every thread of the grid. Its last block zeroes the
-// counts it read (the next call of this parity adds to them) and advances the
-// receive's call number, and the send's where this launch ran the send too
-// (`send_seq` nonzero).
+// One call's receive, on every thread of the grid. Block 0 zeroes the counts
+// two calls on will add to. The receive's call number advances at the end,
+// and the send's where this launch ran the send too (`send_seq` nonzero).
 __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
                                           uint32_t send_seq) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
@@ -605,11 +608,14 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const int parity = static_cast<int>(seq & 1);
+  const int R = p.group.num_ranks, L = p.args.num_experts / R;
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < R * L; i += blockDim.x) fixed->counts[(seq + 2) % kCountSets][i / L][i % L] = 0;
   const bool all_came =
       __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources, &weightless_sources));
   const uint32_t failed = failed_sources;
   if (all_came && failed == 0) {
-    scan_counts(fixed, parity, p.group.num_ranks, p.args.num_experts, p.args.num_max_tokens, first_row, warp_sums);
+    scan_counts(fixed, seq % kCountSets, R, p.args.num_experts, p.args.num_max_tokens, first_row, warp_sums);
     write_counts(p, first_row, source_tokens, weightless_sources == 0);
     write_token_entries(p, local, seq, parity, source_tokens);
     place_rows(p, local, seq, parity, first_row, source_tokens);
@@ -623,11 +629,11 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
                            static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
     write_plan_header(p, 1, 0);
   }
-  finish_phase(&fixed->local.dispatch_recv, seq, [&] {
-    const int R = p.group.num_ranks, L = p.args.num_experts / R;
-    for (int i = threadIdx.x; i < R * L; i += blockDim.x) fixed->dispatch[parity][i / L].count[i % L] = 0;
-    if (send_seq != 0 && threadIdx.x == 0) *static_cast<volatile uint32_t*>(&fixed->local.dispatch_send.seq) = send_seq;
-  });
+  if (send_seq != 0)
+    advance_both(&fixed->local.dispatch_send, send_seq, &fixed->local.dispatch_recv, seq,
+                 &fixed->dispatch[send_seq & 1][p.group.rank].arrivals);
+  else
+    finish_phase(&fixed->local.dispatch_recv, seq, [] {});
 }
 
 // Both phases in one launch only where every block of the grid is resident

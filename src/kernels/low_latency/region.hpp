@@ -40,7 +40,8 @@ __host__ __device__ constexpr uint32_t arrivals_after(uint32_t seq) {
 }
 
 // One phase's call counter, and the blocks of its current call that have
-// finished: the last one stores seq (the call's number) and zeroes `done`.
+// finished (where a launch runs one phase): the last one stores seq (the
+// call's number) and zeroes `done`.
 struct CallCounter {
   uint32_t seq;
   uint32_t done;
@@ -65,10 +66,13 @@ struct DispatchSignal {
   // Rank s gave weights to dispatch (or had no tokens): combine takes the
   // dispatch's weights only if every rank says so, so all ranks agree.
   int32_t has_weights;
-  // Tokens s sends to each of the destination's experts, added by s as it
-  // sends, zeroed by the destination's receive once read.
-  int32_t count[kMaxLocalExperts];
 };
+
+// Tokens source s sends to each of the destination's experts in call n, added
+// by s as it sends, in set n & 3 ([set][s][local expert]). The receive of
+// call n zeroes set (n + 2) & 3, which call n - 2 used and call n + 2 will:
+// no block waits for the others to have read its counts.
+inline constexpr int kCountSets = 4;
 
 // Slot [parity][d] of a source rank, written by expert rank d.
 struct CombineSignal {
@@ -81,6 +85,7 @@ struct FixedArea {
   LocalState local;
   DispatchSignal dispatch[2][kMaxRanks];
   CombineSignal combine[2][kMaxRanks];
+  int32_t counts[kCountSets][kMaxRanks][kMaxLocalExperts];
 };
 
 inline constexpr int64_t kFixedBytes = align_up(sizeof(FixedArea), 4096);
