@@ -52,6 +52,7 @@ constexpr int kCopyWords = 8;
 constexpr int kScanSteps = 4;
 
 static_assert(sizeof(MessageHeader) % 16 == 0);
+static_assert(offsetof(FixedArea, counts) % 16 == 0 && kMaxLocalExperts % 4 == 0, "counts are zeroed in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
 static_assert(kLowLatencyMaxHidden / kGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
@@ -608,9 +609,13 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const int parity = static_cast<int>(seq & 1);
-  const int R = p.group.num_ranks, L = p.args.num_experts / R;
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < R * L; i += blockDim.x) fixed->counts[(seq + 2) % kCountSets][i / L][i % L] = 0;
+  const int R = p.group.num_ranks;
+  // Every expert's count, not this call's E only: the call two on may have more experts than this one.
+  constexpr int kCountWords = kMaxLocalExperts / 4;
+  if (blockIdx.x == 0) {
+    auto* next = reinterpret_cast<int4*>(fixed->counts[(seq + 2) % kCountSets]);
+    for (int i = threadIdx.x; i < R * kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
+  }
   const bool all_came =
       __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources, &weightless_sources));
   const uint32_t failed = failed_sources;

@@ -70,8 +70,8 @@ struct DispatchSignal {
 
 // Tokens source s sends to each of the destination's experts in call n, added
 // by s as it sends, in set n & 3 ([set][s][local expert]). The receive of
-// call n zeroes set (n + 2) & 3, which call n - 2 used and call n + 2 will:
-// no block waits for the others to have read its counts.
+// call n zeroes set (n + 2) & 3 whole, which call n - 2 used and call n + 2
+// will: no block waits for the others to have read its counts.
 inline constexpr int kCountSets = 4;
 
 // Slot [parity][d] of a source rank, written by expert rank d.
