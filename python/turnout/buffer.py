@@ -249,8 +249,8 @@ class Buffer:
 
         The outputs belong to the buffer and are reused by the second later
         dispatch of the same shape (double buffering). ``topk_weights`` (ours,
-        [T, K] float32): the expert ranks then sum a token's weighted rows
-        before sending them back, and combine reads no weights. With
+        [T, K] float32): combine then weighs with these (if every rank with
+        tokens gave them) and neither publishes nor reads its own. With
         ``return_recv_hook`` only the send runs; ``hook()`` launches the
         receive on the stream current then.
         """
@@ -265,10 +265,12 @@ class Buffer:
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
         """Sends the expert outputs ``x`` ([L, M*R, H] bf16, in dispatch's rows) back
         and sums them per token, weighted by ``topk_weights`` (fp32, k ascending:
-        deterministic). Returns ``(combined_x [T, H] bf16, event, hook)``;
+        deterministic): each expert rank sends one weighted sum per token, the
+        token's rank adds those. Returns ``(combined_x [T, H] bf16, event, hook)``;
         ``combined_x`` is ``out`` when given, else a new tensor. ``zero_copy``: the
         rows were written into :meth:`get_next_low_latency_combine_buffer`.
-        ``use_logfmt``: rows cross as e4m3 with a scale per 128 channels (lossy)."""
+        ``use_logfmt``: the sums cross as LogFMT-10 (10 bits a value where a
+        128-channel group's magnitudes are below 1; lossy, see the README)."""
         with _torch_function_off():
             return low_latency.combine(self._context, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
                                        async_finish, return_recv_hook, out, combine_wait_recv_cost_stats)

@@ -150,7 +150,7 @@ class LowLatencyHandle(tuple):
     It also carries what the combine needs and DeepEP keeps inside: the plan
     (``plan``, uint8), this rank's token count and top-k (``num_tokens``,
     ``num_topk``), whether this rank gave dispatch weights (``has_weights``;
-    combine pre-reduces only if every rank with tokens did), and which
+    combine sums with those only if every rank with tokens did), and which
     buffer and call made it (``generation``). It is valid while its output set
     holds its call's results: until the second later dispatch of its shape.
     """
