@@ -16,7 +16,9 @@ sum over the token's slots on that rank of w_k * x_t, fp32, k ascending),
 DeepEP's over one row x_t per (token, valid slot), and asserts ours <= DeepEP's
 for every token. A token's weights are drawn to sum to 1 (a softmax's top-k
 does): then no partial is larger than x_t, so a group DeepEP casts we cast
-too. combine with use_logfmt is also bitwise repeatable."""
+too. combine with use_logfmt is also bitwise repeatable. The same check
+holds bf16 combine (use_logfmt=False), whose expert ranks send bf16 sums, to
+DeepEP's bound on the same inputs."""
 import numpy as np
 import torch
 
@@ -81,22 +83,29 @@ def wire_bytes(x: torch.Tensor, topk_idx: torch.Tensor, w: torch.Tensor, n: int)
     return ours, deepep
 
 
-def combine_logfmt(buf, x, topk_idx, w, device):
+def combine_logfmt(buf, x, topk_idx, w, device, use_logfmt=True):
     """BF16 dispatch of x, then combine of the received rows as they are."""
     recv_x, _, handle, _, _ = buf.low_latency_dispatch(x.to(device), topk_idx.to(device), len(x), EXPERTS,
                                                        use_fp8=False)
-    combined, _, _ = buf.low_latency_combine(recv_x, topk_idx.to(device), w.to(device), handle, use_logfmt=True)
+    combined, _, _ = buf.low_latency_combine(recv_x, topk_idx.to(device), w.to(device), handle,
+                                             use_logfmt=use_logfmt)
     torch.cuda.synchronize()
     return combined
 
 
-def test_logfmt_accuracy_and_bytes_against_deepep(ctx):
+def logfmt_buffer(ctx):
+    """(n, group, tokens, hidden, a Buffer for them): the cases' group and buffer."""
     n, g = world(ctx)
     if EXPERTS % n:
         ctx.skip(f"{EXPERTS} experts is not a multiple of {n} ranks")
     tokens, hidden = shape(ctx)
     hint = turnout.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, n, EXPERTS)
-    with ctx.buffer(g, num_rdma_bytes=hint, low_latency_mode=True) as buf:
+    return n, g, tokens, hidden, ctx.buffer(g, num_rdma_bytes=hint, low_latency_mode=True)
+
+
+def test_logfmt_accuracy_and_bytes_against_deepep(ctx):
+    n, g, tokens, hidden, buffer = logfmt_buffer(ctx)
+    with buffer as buf:
         for kind, scale in KINDS:
             x, topk_idx, w = inputs(kind, scale, n, ctx.rank, tokens, hidden)
             combined = combine_logfmt(buf, x, topk_idx, w, ctx.device)
@@ -122,15 +131,26 @@ test_logfmt_accuracy_and_bytes_against_deepep.timeout = 400
 def test_logfmt_combine_is_bitwise_repeatable(ctx):
     """The same inputs through dispatch and combine twice give the same bits
     (rows in many cast groups, and groups cast beside bf16 ones)."""
-    n, g = world(ctx)
-    if EXPERTS % n:
-        ctx.skip(f"{EXPERTS} experts is not a multiple of {n} ranks")
-    tokens, hidden = shape(ctx)
-    hint = turnout.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, n, EXPERTS)
-    with ctx.buffer(g, num_rdma_bytes=hint, low_latency_mode=True) as buf:
+    n, g, tokens, hidden, buffer = logfmt_buffer(ctx)
+    with buffer as buf:
         for kind, scale in (("normal", 0.3), ("outliers", 0.1)):
             x, topk_idx, w = inputs(kind, scale, n, ctx.rank, tokens, hidden)
             first = combine_logfmt(buf, x, topk_idx, w, ctx.device).clone()
             again = combine_logfmt(buf, x, topk_idx, w, ctx.device)
             assert_equal(again.view(torch.int16), first.view(torch.int16),
                          f"n={n} rank {ctx.rank} {kind} {scale}: combined_x of two runs")
+
+
+def test_bf16_combine_accuracy_against_deepep(ctx):
+    """calc_diff(x * sum_k w_k, combined) < 1e-5 for bf16 combine on the same inputs."""
+    n, g, tokens, hidden, buffer = logfmt_buffer(ctx)
+    with buffer as buf:
+        for kind, scale in KINDS:
+            x, topk_idx, w = inputs(kind, scale, n, ctx.rank, tokens, hidden)
+            combined = combine_logfmt(buf, x, topk_idx, w, ctx.device, use_logfmt=False)
+            want = x.double() * (w.double() * (topk_idx >= 0)).sum(-1, keepdim=True)
+            diff = calc_diff(want, combined.cpu())
+            seen = ctx.all_gather(diff, g)
+            if ctx.rank == 0:
+                print(f"n={n} bf16 {kind} s={scale}: calc_diff {max(seen):.3g} (largest of the ranks)", flush=True)
+            assert diff < MAX_DIFF, f"n={n} rank {ctx.rank} bf16 {kind} {scale}: calc_diff {diff:.3g} >= {MAX_DIFF}"
