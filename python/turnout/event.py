@@ -11,15 +11,22 @@ import torch
 
 # torch.cuda.current_stream() builds a Python object each call (microseconds);
 # the raw getters return its handle.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream_getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def _current_stream_handle(device_index: int) -> int:
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+# The handle of device_index's current stream. Chosen once: a wrapper would
+# cost a Python call per op.
+current_raw_stream = _raw_stream_getter if _raw_stream_getter is not None else _current_stream_handle
 
 
 def current_stream_handle() -> int:
     """The handle of the current CUDA stream of the current device."""
-    if _raw_stream is None or _current_device is None:
-        return torch.cuda.current_stream().cuda_stream
-    return _raw_stream(_current_device())
+    return current_raw_stream(_current_device())
 
 
 class EventHandle(torch.cuda.Event):

@@ -6,20 +6,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..checks import fail
-from ..event import EventOverlap
+from ..event import EventOverlap, current_raw_stream
 from .context import OpContext, require_alive
-
-# torch.cuda.current_stream() builds a Python object each call (microseconds);
-# the raw getter returns the same handle.
-_raw_stream_getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _current_stream_handle(device_index: int) -> int:
-    return torch.cuda.current_stream(device_index).cuda_stream
-
-
-# Chosen once: a wrapper would cost a Python call per op.
-current_raw_stream = _raw_stream_getter if _raw_stream_getter is not None else _current_stream_handle
 
 
 class OpStreams:
