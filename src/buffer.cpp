@@ -109,6 +109,26 @@ void Buffer::clean_low_latency_buffer(cudaStream_t stream) {
   low_latency::clean(state_->core, stream);
 }
 
+void Buffer::update_mask(int rank, bool masked, cudaStream_t stream) {
+  state_->core.update_mask(rank, masked, stream);
+}
+
+void Buffer::query_mask(int32_t* out, cudaStream_t stream) {
+  state_->core.query_mask(out, stream);
+}
+
+void Buffer::clean_mask(cudaStream_t stream) {
+  state_->core.clean_mask(stream);
+}
+
+bool Buffer::shrink_enabled() const {
+  return state_->core.shrink_enabled();
+}
+
+double Buffer::shrink_timeout_s() const {
+  return state_->core.shrink_timeout_s();
+}
+
 size_t Buffer::num_low_latency_bytes() const {
   return state_->core.low_latency_bytes();
 }

@@ -19,6 +19,9 @@ namespace turnout {
 
 // Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
 double default_timeout_s();
+// Seconds a shrink-mode wait gives a peer before masking it, from
+// TURNOUT_SHRINK_TIMEOUT_S if set (and valid), else 5.
+double default_shrink_timeout_s();
 
 struct BufferOptions {
   size_t num_nvl_bytes = 0;
@@ -26,6 +29,11 @@ struct BufferOptions {
   bool low_latency_mode = false;
   double timeout_s = 0;     // <= 0: default_timeout_s()
   int nvl_domain_size = 0;  // > 0: declare smaller NVL domains than the hosts
+  // Shrink mode: a peer that does not answer a low-latency call or a clean
+  // within shrink_timeout_s is masked on this rank and the call goes on
+  // without it (see the mask ops below).
+  bool enable_shrink = false;
+  double shrink_timeout_s = 0;  // <= 0: default_shrink_timeout_s()
   // The stream the ops of the Python layer run on. Null: the Buffer creates
   // (and owns) one. A caller's stream must outlive the Buffer; the Python layer
   // passes one from PyTorch's pool, which PyTorch never destroys, because
@@ -43,8 +51,10 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   // Collective: waits for local work, meets the NVL peers (bounded by the
-  // timeout) so none still touches our memory, then frees everything.
-  // Idempotent; the destructor calls it.
+  // timeout) so none still touches our memory, then frees everything. In
+  // shrink mode it never waits for a peer (peers keep their mappings of this
+  // rank's memory alive until they free theirs). Idempotent; the destructor
+  // calls it.
   void destroy();
   bool destroyed() const;
 
@@ -101,7 +111,22 @@ class Buffer {
   void low_latency_dispatch(const LowLatencyDispatchArgs& args, LowLatencyPhase phase, cudaStream_t stream);
   void low_latency_combine(const LowLatencyCombineArgs& args, LowLatencyPhase phase, cudaStream_t stream);
   // Collective: resets the low-latency region (after a failed call, say).
+  // In shrink mode only the unmasked ranks meet, and one that does not come
+  // is masked.
   void clean_low_latency_buffer(cudaStream_t stream);
+
+  // Shrink mode (enable_shrink): this rank's mask, one int32 per rank, 1 =
+  // masked. A masked rank is neither sent to nor waited for: low-latency
+  // dispatch leaves out its tokens, combine the top-k slots of its experts.
+  // Each rank keeps its own mask, changed by its waits' timeouts and by
+  // these calls, in order on `stream`. A masked rank that comes back is
+  // ignored until every rank unmasks it and then calls clean_low_latency_buffer.
+  void update_mask(int rank, bool masked, cudaStream_t stream);
+  // Copies the mask (num_ranks int32) to device memory at `out`.
+  void query_mask(int32_t* out, cudaStream_t stream);
+  void clean_mask(cudaStream_t stream);
+  bool shrink_enabled() const;
+  double shrink_timeout_s() const;
   // Bytes of the low-latency part of each rank's buffer (0 without low_latency_mode).
   size_t num_low_latency_bytes() const;
 

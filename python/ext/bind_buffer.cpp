@@ -26,7 +26,7 @@ FunctionBootstrap::AllGather python_all_gather(nb::callable fn) {
 
 void construct(Buffer* self, int rank, int size, nb::callable all_gather, int device, size_t num_nvl_bytes,
                size_t num_rdma_bytes, bool low_latency_mode, double timeout_s, int nvl_domain_size,
-               uintptr_t comm_stream) {
+               uintptr_t comm_stream, bool enable_shrink, double shrink_timeout_s) {
   TURNOUT_CUDA_CHECK(cudaSetDevice(device));
   FunctionBootstrap bootstrap(rank, size, python_all_gather(std::move(all_gather)));
   BufferOptions options;
@@ -36,6 +36,8 @@ void construct(Buffer* self, int rank, int size, nb::callable all_gather, int de
   options.timeout_s = timeout_s;
   options.nvl_domain_size = nvl_domain_size;
   options.comm_stream = stream(comm_stream);
+  options.enable_shrink = enable_shrink;
+  options.shrink_timeout_s = shrink_timeout_s;
   new (self) Buffer(bootstrap, options);
 }
 
@@ -53,16 +55,20 @@ ByteTensor local_buffer(nb::handle_t<Buffer> self) {
 
 BufferClass bind_buffer(nb::module_& m) {
   m.def("default_timeout_s", &default_timeout_s);
+  m.def("default_shrink_timeout_s", &default_shrink_timeout_s);
   BufferClass buffer(m, "Buffer");
   buffer
       .def("__init__", &construct, "rank"_a, "size"_a, "all_gather"_a, "device"_a, "num_nvl_bytes"_a,
-           "num_rdma_bytes"_a, "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a, "comm_stream"_a)
+           "num_rdma_bytes"_a, "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a, "comm_stream"_a,
+           "enable_shrink"_a = false, "shrink_timeout_s"_a = 0.0)
       .def_prop_ro("rank", [](const Buffer& b) { return b.topology().rank; })
       .def_prop_ro("num_ranks", [](const Buffer& b) { return b.topology().num_ranks; })
       .def_prop_ro("num_nvl_ranks", [](const Buffer& b) { return b.topology().num_nvl_ranks; })
       .def_prop_ro("num_rdma_ranks", [](const Buffer& b) { return b.topology().num_rdma_ranks(); })
       .def_prop_ro("device", &Buffer::device)
       .def_prop_ro("timeout_s", &Buffer::timeout_s)
+      .def_prop_ro("shrink_enabled", &Buffer::shrink_enabled)
+      .def_prop_ro("shrink_timeout_s", &Buffer::shrink_timeout_s)
       .def_prop_ro("sm_budget", &Buffer::sm_budget)
       .def_prop_ro("ranks_on_gpu", &Buffer::ranks_on_gpu)
       .def_prop_ro("destroyed", &Buffer::destroyed)
@@ -75,6 +81,14 @@ BufferClass bind_buffer(nb::module_& m) {
           "waiter"_a, "waited"_a)
       .def(
           "barrier", [](Buffer& b, uintptr_t s) { b.barrier(stream(s)); }, "stream"_a)
+      .def(
+          "update_mask", [](Buffer& b, int rank, bool masked, uintptr_t s) { b.update_mask(rank, masked, stream(s)); },
+          "rank"_a, "masked"_a, "stream"_a)
+      .def(
+          "query_mask", [](Buffer& b, uintptr_t out, uintptr_t s) { b.query_mask(ptr<int32_t>(out), stream(s)); },
+          "out"_a, "stream"_a)
+      .def(
+          "clean_mask", [](Buffer& b, uintptr_t s) { b.clean_mask(stream(s)); }, "stream"_a)
       .def(
           "synchronize", [](Buffer& b, uintptr_t s, const std::string& op) { b.synchronize(stream(s), op.c_str()); },
           "stream"_a, "op"_a, nb::call_guard<nb::gil_scoped_release>())

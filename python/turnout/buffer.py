@@ -8,7 +8,7 @@ import torch
 from . import _C, bootstrap
 from .checks import check_config, check_int, fail
 from .event import EventOverlap
-from .ops import intranode, layout, low_latency
+from .ops import intranode, layout, low_latency, rank_mask
 from .ops.context import OpContext, require_alive
 
 # Every op's body runs with torch-function dispatch off: under a
@@ -42,7 +42,7 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
                  enable_shrink: bool = False, comm=None, *, timeout_s: Optional[float] = None,
-                 nvl_domain_size: int = 0) -> None:
+                 nvl_domain_size: int = 0, shrink_timeout_s: Optional[float] = None) -> None:
         op = "Buffer"
         self._native = None
         self._context = None
@@ -52,8 +52,9 @@ class Buffer:
         check_int(op, "num_rdma_bytes", num_rdma_bytes, 0)
         check_int(op, "num_qps_per_rank", num_qps_per_rank, 1)
         check_int(op, "nvl_domain_size", nvl_domain_size, 0)
-        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
-            fail(op, "timeout_s", "a positive number of seconds", timeout_s)
+        for arg, value in (("timeout_s", timeout_s), ("shrink_timeout_s", shrink_timeout_s)):
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                fail(op, arg, "a positive number of seconds", value)
         # num_rdma_bytes sizes the low-latency region; without low_latency_mode it
         # would be an internode buffer, which this version does not have.
         if low_latency_mode and num_rdma_bytes == 0:
@@ -62,8 +63,6 @@ class Buffer:
         if num_rdma_bytes > 0 and not low_latency_mode:
             raise NotImplementedError("Buffer: num_rdma_bytes > 0 without low_latency_mode (an internode buffer) is "
                                       "not available in this version of turnout; pass num_rdma_bytes=0")
-        if enable_shrink:
-            raise NotImplementedError("Buffer: enable_shrink=True is not available in this version of turnout")
         if use_fabric:
             raise NotImplementedError("Buffer: use_fabric=True (fabric memory handles) is not available in this "
                                       "version of turnout")
@@ -77,7 +76,9 @@ class Buffer:
         self._native = _C.Buffer(rank=rank, size=size, all_gather=all_gather, device=device,
                                  num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
                                  low_latency_mode=low_latency_mode, timeout_s=float(timeout_s or 0.0),
-                                 nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream)
+                                 nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream,
+                                 enable_shrink=bool(enable_shrink),
+                                 shrink_timeout_s=float(shrink_timeout_s or 0.0))
         self._context = OpContext(self._native, device, size, self._comm_stream)
         if low_latency_mode:
             ring = _C.EventRing(device=device, size=low_latency.EVENT_RING_SIZE)
@@ -90,6 +91,7 @@ class Buffer:
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = bool(enable_shrink)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
@@ -285,6 +287,29 @@ class Buffer:
         normal-mode use of the same buffer). Every rank calls it."""
         with _torch_function_off():
             low_latency.clean(self._context, num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
+    # -- shrink mode ------------------------------------------------------------------------------------------
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Masks (``mask=True``) or unmasks ``rank_to_mask`` on this rank, in
+        order on the current stream. A masked rank is neither sent to nor
+        waited for. A rank that was masked by a timeout and comes back takes
+        part again only once every rank has unmasked it and then called
+        :meth:`clean_low_latency_buffer` (ours: that call puts every rank's
+        call counters back in step)."""
+        with _torch_function_off():
+            rank_mask.update(self._context, rank_to_mask, mask)
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Writes this rank's mask into ``mask_status`` (int32 ``[num_ranks]``
+        on this GPU, 1 = masked), in order on the current stream."""
+        with _torch_function_off():
+            rank_mask.query(self._context, mask_status)
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Unmasks every rank on this rank, in order on the current stream."""
+        with _torch_function_off():
+            rank_mask.clean(self._context)
 
     # -- test and bench hooks (ours) ----------------------------------------------------------------------------
 

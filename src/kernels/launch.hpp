@@ -25,6 +25,9 @@ void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);
 // `control` is the device table of every NVL peer's control region.
 void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, const WaitContext& ctx, cudaStream_t stream);
 
+// Shrink mode: stores `value` into one rank's mask word, in order on `stream`.
+void launch_set_mask(int32_t* word, int32_t value, cudaStream_t stream);
+
 // `peers`: device table of NVL peers' user buffers.
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                            size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);

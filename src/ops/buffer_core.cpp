@@ -1,5 +1,6 @@
 #include "ops/buffer_core.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,9 @@ namespace turnout {
 namespace {
 
 constexpr double kDefaultTimeoutS = 100.0;
+// Long enough that a rank busy between calls (a large GEMM, a graph capture)
+// is not taken for dead; short enough that a serving stack notices in time.
+constexpr double kDefaultShrinkTimeoutS = 5.0;
 // A host wait gives the kernels' own timeout this much longer before it gives
 // up on the GPU altogether.
 constexpr double kHostGraceS = 2.0;
@@ -32,19 +36,34 @@ struct RankInfo {
 
 }  // namespace
 
-double default_timeout_s() {
-  const char* env = std::getenv("TURNOUT_TIMEOUT_S");
-  if (!env || !*env) return kDefaultTimeoutS;
+namespace {
+
+double seconds_from_env(const char* name, double fallback) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return fallback;
   char* end = nullptr;
   const double v = std::strtod(env, &end);
   if (*end != '\0' || !std::isfinite(v) || v <= 0)
-    throw InvalidArgument(std::string("TURNOUT_TIMEOUT_S must be a positive number of seconds, got '") + env + "'");
+    throw InvalidArgument(std::string(name) + " must be a positive number of seconds, got '" + env + "'");
   return v;
 }
 
+}  // namespace
+
+double default_timeout_s() {
+  return seconds_from_env("TURNOUT_TIMEOUT_S", kDefaultTimeoutS);
+}
+
+double default_shrink_timeout_s() {
+  return seconds_from_env("TURNOUT_SHRINK_TIMEOUT_S", kDefaultShrinkTimeoutS);
+}
+
 BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
-    : options_(options), timeout_s_(options.timeout_s > 0 ? options.timeout_s : default_timeout_s()) {
+    : options_(options),
+      timeout_s_(options.timeout_s > 0 ? options.timeout_s : default_timeout_s()),
+      shrink_timeout_s_(options.shrink_timeout_s > 0 ? options.shrink_timeout_s : default_shrink_timeout_s()) {
   if (!std::isfinite(timeout_s_)) throw InvalidArgument("Buffer: timeout_s must be finite");
+  if (!std::isfinite(shrink_timeout_s_)) throw InvalidArgument("Buffer: shrink_timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
 
   const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes, local_rank_gpu(device_)};
@@ -85,6 +104,11 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   }
   sync_event_ = create_event();
   join_event_ = create_event();
+  if (options.enable_shrink) {
+    const size_t bytes = sizeof(int32_t) * topology_.num_ranks;
+    mask_ = allocate_device(bytes);
+    TURNOUT_CUDA_CHECK(cudaMemset(mask_.get(), 0, bytes));
+  }
   // One allocation per rank: control, the normal modes' bytes, then the
   // low-latency bytes (only in low-latency mode: on one host nothing else
   // uses num_rdma_bytes).
@@ -107,9 +131,11 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
 void BufferCore::destroy() {
   if (!nvl_) return;
   // Peers may still be reading or writing our memory: meet them first, unless
-  // a peer already failed to arrive (then a barrier would only wait again).
+  // a peer already failed to arrive (then a barrier would only wait again),
+  // or in shrink mode, where a survivor must tear down without its dead peers
+  // (their mappings of our memory keep it alive until they free theirs).
   cudaError_t st = cudaDeviceSynchronize();
-  if (st == cudaSuccess && !errors_.timed_out() && topology_.num_nvl_ranks > 1) {
+  if (st == cudaSuccess && !errors_.timed_out() && !options_.enable_shrink && topology_.num_nvl_ranks > 1) {
     try {
       barrier(comm_stream_);
       synchronize(comm_stream_, "Buffer.destroy");
@@ -119,6 +145,7 @@ void BufferCore::destroy() {
     }
   }
   peer_user_table_.reset();
+  mask_.reset();
   peer_low_latency_.fill(nullptr);
   local_low_latency_ = nullptr;
   nvl_.reset();
@@ -143,13 +170,43 @@ void* const* BufferCore::peer_nvl_table() const {
   return static_cast<void* const*>(peer_user_table_.get());
 }
 
-kernels::WaitContext BufferCore::wait_context(OpKind op) const {
+kernels::WaitContext BufferCore::wait_context(OpKind op, bool shrinkable, int patience) const {
+  if (shrinkable && options_.enable_shrink)
+    return {errors_.device(op, calls_), static_cast<uint64_t>(shrink_timeout_s_ * patience * 1e9), topology_.rank,
+            topology_.nvl_peer_rank(0), static_cast<int32_t*>(mask_.get())};
   return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank,
-          topology_.nvl_peer_rank(0)};
+          topology_.nvl_peer_rank(0), nullptr};
 }
 
 double BufferCore::host_limit_s() const {
-  return timeout_s_ + kHostGraceS;
+  // A shrink-mode call may wait out two shrink timeouts (a combine behind a dead source's weights).
+  const double kernels_limit = options_.enable_shrink ? std::max(timeout_s_, 2 * shrink_timeout_s_) : timeout_s_;
+  return kernels_limit + kHostGraceS;
+}
+
+void BufferCore::update_mask(int rank, bool masked, cudaStream_t stream) {
+  require_shrink("low_latency_update_mask_buffer");
+  if (rank < 0 || rank >= topology_.num_ranks)
+    throw InvalidArgument("low_latency_update_mask_buffer: rank_to_mask must be in [0, " +
+                          std::to_string(topology_.num_ranks) + "), got " + std::to_string(rank));
+  kernels::launch_set_mask(static_cast<int32_t*>(mask_.get()) + rank, masked ? 1 : 0, stream);
+}
+
+void BufferCore::query_mask(int32_t* out, cudaStream_t stream) {
+  require_shrink("low_latency_query_mask_buffer");
+  TURNOUT_CUDA_CHECK(
+      cudaMemcpyAsync(out, mask_.get(), sizeof(int32_t) * topology_.num_ranks, cudaMemcpyDeviceToDevice, stream));
+}
+
+void BufferCore::clean_mask(cudaStream_t stream) {
+  require_shrink("low_latency_clean_mask_buffer");
+  TURNOUT_CUDA_CHECK(cudaMemsetAsync(mask_.get(), 0, sizeof(int32_t) * topology_.num_ranks, stream));
+}
+
+void BufferCore::require_shrink(const char* op) const {
+  require_alive(op);
+  if (!options_.enable_shrink)
+    throw InvalidArgument(std::string(op) + ": this buffer was created without enable_shrink=True");
 }
 
 HostClock::time_point BufferCore::host_deadline(HostClock::time_point start) const {
@@ -189,12 +246,12 @@ void BufferCore::synchronize(cudaStream_t stream, const char* op) {
   check_errors(op);
 }
 
-void BufferCore::barrier(cudaStream_t stream) {
+void BufferCore::barrier(cudaStream_t stream, bool shrinkable) {
   require_alive("barrier");
   check_errors("barrier");
   begin_call();
   kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks,
-                          wait_context(OpKind::kBarrier), stream);
+                          wait_context(OpKind::kBarrier, shrinkable), stream);
 }
 
 }  // namespace turnout

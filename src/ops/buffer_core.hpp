@@ -27,6 +27,8 @@ class BufferCore {
   void destroy();
   bool destroyed() const { return !nvl_; }
   void require_alive(const char* op) const;
+  // Throws unless the buffer is alive and in shrink mode.
+  void require_shrink(const char* op) const;
 
   const BufferOptions& options() const { return options_; }
   const Topology& topology() const { return topology_; }
@@ -51,8 +53,15 @@ class BufferCore {
   int64_t begin_call() { return ++calls_; }
   int64_t begin_dispatch_call() { return last_dispatch_call_ = ++calls_; }
   DeviceErrorSlot error_slot(OpKind op) const { return errors_.device(op, calls_); }
-  // The wait context of the current call.
-  kernels::WaitContext wait_context(OpKind op) const;
+  // The wait context of the current call. `shrinkable`: in shrink mode its
+  // waits mask a peer that does not come (after shrink_timeout_s times
+  // `patience`) instead of failing.
+  kernels::WaitContext wait_context(OpKind op, bool shrinkable = false, int patience = 1) const;
+  bool shrink_enabled() const { return options_.enable_shrink; }
+  double shrink_timeout_s() const { return shrink_timeout_s_; }
+  void update_mask(int rank, bool masked, cudaStream_t stream);
+  void query_mask(int32_t* out, cudaStream_t stream);
+  void clean_mask(cudaStream_t stream);
 
   // When a host wait that starts at `start` gives up: the kernels' own
   // timeout plus a grace, so that their record names the missing peer.
@@ -62,11 +71,14 @@ class BufferCore {
   void check_errors(const char* op);
   void join(cudaStream_t waiter, cudaStream_t waited);
   void synchronize(cudaStream_t stream, const char* op);
-  void barrier(cudaStream_t stream);
+  // Shrinkable: in shrink mode masked peers are skipped and a peer that
+  // does not come is masked.
+  void barrier(cudaStream_t stream, bool shrinkable = false);
 
  private:
   BufferOptions options_;
   double timeout_s_;
+  double shrink_timeout_s_;
   int device_ = 0;
   Topology topology_;
   Stream owned_comm_stream_;
@@ -74,6 +86,7 @@ class BufferCore {
   Event sync_event_;
   Event join_event_;
   DeviceErrorWord errors_;
+  DeviceMemory mask_;  // shrink mode: int32 per rank
   std::unique_ptr<PeerMemory> nvl_;
   DeviceMemory peer_user_table_;
   std::array<void*, kMaxNvlRanks> peer_low_latency_{};

@@ -9,9 +9,11 @@
 
 namespace turnout {
 
+// Counted per pair, so that a pair that skipped barriers together (shrink
+// mode: a masked peer) is still in step when it meets again.
 struct ControlRegion {
-  uint32_t barrier_arrivals[kMaxNvlRanks];  // [i]: barriers NVL peer i has reached, ever
-  uint32_t barrier_epoch;                   // barriers this rank has completed
+  uint32_t barrier_arrivals[kMaxNvlRanks];  // [i]: barriers with this rank that NVL peer i has reached, ever
+  uint32_t barrier_epochs[kMaxNvlRanks];    // [i]: barriers with peer i this rank has completed
 };
 
 inline constexpr size_t kControlBytes = 4096;

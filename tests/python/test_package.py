@@ -48,8 +48,6 @@ def test_unsupported_modes_raise_before_any_gpu_use():
     # object() is no process group: these must fail on the arguments alone.
     with pytest.raises(NotImplementedError, match="num_rdma_bytes > 0 without low_latency_mode"):
         Buffer(object(), num_rdma_bytes=1 << 20)
-    with pytest.raises(NotImplementedError, match="enable_shrink"):
-        Buffer(object(), enable_shrink=True)
 
 
 def test_bad_sizes_raise_naming_the_argument():
@@ -61,6 +59,8 @@ def test_bad_sizes_raise_naming_the_argument():
         Buffer(object(), num_rdma_bytes=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         Buffer(object(), timeout_s=0)
+    with pytest.raises(ValueError, match="shrink_timeout_s"):
+        Buffer(object(), enable_shrink=True, shrink_timeout_s=-1.0)
     with pytest.raises(ValueError, match="num_rdma_bytes must be > 0 with low_latency_mode=True"):
         Buffer(object(), low_latency_mode=True)
 

@@ -11,24 +11,29 @@ namespace turnout::device {
 
 // Every thread of the block calls it (blockDim.x >= num_nvl_ranks). Writes made
 // by any thread of the block before the call are visible to every peer after
-// it. Returns false on every thread if some peer never came (recorded).
+// it. Returns false on every thread if some peer never came (recorded). In
+// shrink mode (ctx.mask) masked peers are left out and one that never comes is
+// masked. A pair counts the barriers it meets in, so a peer that was masked
+// and skipped some (asleep, say) is in step again once unmasked.
 __device__ __forceinline__ bool nvl_barrier(void* const* control, int nvl_rank, int num_nvl_ranks,
                                             const WaitContext& ctx) {
   __syncthreads();
   auto* self = static_cast<ControlRegion*>(control[nvl_rank]);
-  const uint32_t epoch = self->barrier_epoch + 1;
   bool ok = true;
   const int i = threadIdx.x;
-  if (i < num_nvl_ranks) {
+  if (i < num_nvl_ranks && (i == nvl_rank || !rank_masked(ctx, ctx.first_nvl_rank + i))) {
+    const uint32_t epoch = self->barrier_epochs[i] + 1;
     auto* peer = static_cast<ControlRegion*>(control[i]);
     __threadfence_system();
     atomic_add_release_sys(&peer->barrier_arrivals[nvl_rank], 1);
-    ok = bounded_wait(ctx, ctx.first_nvl_rank + i, WaitSite::kBarrier,
-                      [&] { return static_cast<int32_t>(load_acquire_sys(&self->barrier_arrivals[i]) - epoch) >= 0; });
+    const bool came = bounded_wait(ctx, ctx.first_nvl_rank + i, WaitSite::kBarrier, [&] {
+      return static_cast<int32_t>(load_acquire_sys(&self->barrier_arrivals[i]) - epoch) >= 0;
+    });
+    // A peer given up on (masked) still got our arrival: the pair stays in step if it ever comes.
+    self->barrier_epochs[i] = epoch;
+    ok = came || ctx.mask != nullptr;
   }
   ok = __syncthreads_and(ok);
-  if (i == 0) self->barrier_epoch = epoch;
-  __syncthreads();
   return ok;
 }
 

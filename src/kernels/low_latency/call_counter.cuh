@@ -13,6 +13,7 @@
 
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/memory_order.cuh"
+#include "kernels/device/rank_mask.cuh"
 #include "kernels/low_latency/region.hpp"
 #include "kernels/low_latency/transport.cuh"
 
@@ -59,11 +60,29 @@ __device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq,
 
 // A sending block, once all its threads' puts are issued: thread d < R adds
 // this block's share of kArrivalsPerCall to peer d's counter at `offset`
-// (block 0 adds what makes the grid's total exact).
-__device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int num_ranks, int64_t offset) {
+// (block 0 adds what makes the grid's total exact), for the peers of `live`.
+__device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int num_ranks, int64_t offset,
+                                                uint32_t live) {
   __syncthreads();
-  if (static_cast<int>(threadIdx.x) < num_ranks)
+  if (static_cast<int>(threadIdx.x) < num_ranks && (live >> threadIdx.x & 1))
     tr.arrive(threadIdx.x, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);
+}
+
+// Thread-level, shrink mode aware: whether call `seq` of peer `peer` (NVL
+// index) counts. Without shrink mode it waits (bounded) and a timeout is an
+// error: `failed` is set. In shrink mode a peer that is masked, or that does
+// not come in time (then masked), does not count, and every block of the call
+// takes the first block's verdict (`verdict`).
+template <typename Arrived>
+__device__ __forceinline__ bool peer_counts(const WaitContext& wait, int peer, WaitSite site, uint32_t* verdict,
+                                            uint32_t seq, bool live, bool& failed, Arrived arrived) {
+  const bool came = live && device::bounded_wait(wait, wait.first_nvl_rank + peer, site, arrived);
+  if (wait.mask == nullptr) {
+    failed = !came;
+    return came;
+  }
+  failed = !came && !device::rank_masked(wait, wait.first_nvl_rank + peer) && live;
+  return device::agree_on_peer(verdict, seq, came);
 }
 
 // Block 0 of a launch that runs both phases, after its receive's wait: once
@@ -80,15 +99,6 @@ __device__ __forceinline__ void advance_both(CallCounter* send, uint32_t send_se
     *static_cast<volatile uint32_t*>(&send->seq) = send_seq;
     *static_cast<volatile uint32_t*>(&receive->seq) = recv_seq;
   }
-}
-
-// Thread-level: spins until call `seq` of the source whose counter is at
-// `arrivals` has fully arrived. False on a timeout (recorded).
-__device__ __forceinline__ bool await_arrivals(const WaitContext& wait, int peer, WaitSite site,
-                                               const uint32_t* arrivals, uint32_t seq) {
-  const uint32_t target = arrivals_after(seq);
-  return device::bounded_wait(wait, peer, site,
-                              [&] { return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0; });
 }
 
 }  // namespace turnout::kernels::low_latency

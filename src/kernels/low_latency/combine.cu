@@ -25,6 +25,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/memory_order.cuh"
+#include "kernels/device/rank_mask.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
@@ -132,10 +133,10 @@ __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, v
 // Send
 
 // This rank's combine weights of tokens first, first + stride, ... to every
-// rank: per (token, slot k) the weight, 0 where topk_idx names no expert
-// (that slot's row is dropped), tagged with the call's number.
+// rank of `live`: per (token, slot k) the weight, 0 where topk_idx names no
+// expert (that slot's row is dropped), tagged with the call's number.
 __device__ void publish_weights(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity, int first,
-                                int stride) {
+                                int stride, uint32_t live) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, T = a.num_tokens;
   const int tokens = first < T ? (T - first + stride - 1) / stride : 0;
@@ -146,7 +147,8 @@ __device__ void publish_weights(const CombineParams& p, const NvlinkTransport& t
         expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k) : 0.0f;
     const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(seq) << 32;
     const int64_t at = p.region.weights_slot(parity, p.group.rank, t) + static_cast<int64_t>(sizeof(TaggedWeight)) * k;
-    for (int d = 0; d < p.group.num_ranks; ++d) tr.put_tagged(d, at, word);
+    for (int d = 0; d < p.group.num_ranks; ++d)
+      if (live >> d & 1) tr.put_tagged(d, at, word);
   }
 }
 
@@ -261,11 +263,11 @@ __device__ void send_sum(const CombineParams& p, const NvlinkTransport& tr, uint
 }
 
 // Items (token, source, chunk), chunk fastest, so warps running together
-// write to every source rank. Tokens past a source's count, and tokens with
-// no expert here, are skipped at the cost of a few loads.
+// write to every source rank of `live`. Tokens past a source's count, and
+// tokens with no expert here, are skipped at the cost of a few loads.
 template <bool kLogfmt>
 __device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
-                          bool dispatch_weights, char* stage) {
+                          bool dispatch_weights, uint32_t live, char* stage) {
   const LowLatencyCombineArgs& a = p.args;
   const int R = p.group.num_ranks, M = a.num_max_tokens, K = a.num_topk;
   const int num_x_rows = p.plan.num_local_experts * M * R;
@@ -275,7 +277,8 @@ __device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uin
   const uint16_t* token_slots = plan_array<uint16_t>(p, p.plan.token_slots);
   const float* token_weights = plan_array<float>(p, p.plan.token_weights);
   // Lane s < R: the tokens source s sent (at most M, whatever the plan says).
-  const int lane_tokens = lane < R ? max(0, min(plan_array<int32_t>(p, p.plan.source_tokens)[lane], M)) : 0;
+  const int lane_tokens =
+      lane < R && (live >> lane & 1) ? max(0, min(plan_array<int32_t>(p, p.plan.source_tokens)[lane], M)) : 0;
   const int max_tokens = __reduce_max_sync(~0u, lane_tokens);
   const int C = num_chunks(a.hidden);
   const int num_items = max_tokens * R * C;
@@ -312,11 +315,12 @@ __device__ __forceinline__ void send_call(const CombineParams& p, const NvlinkTr
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const int parity = static_cast<int>(seq & 1);
   const int64_t signal = combine_signal_offset(parity, g.rank);
+  const uint32_t live = device::live_peers(g.wait, g.num_ranks, g.rank);
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   const int misfit = plan_misfit(header, p.args, g.num_ranks);
   const bool dispatch_weights = header.has_weights != 0;
   if (misfit != 0) {
-    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < g.num_ranks)
+    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < g.num_ranks && (live >> threadIdx.x & 1))
       *reinterpret_cast<volatile uint32_t*>(tr.remote(threadIdx.x, signal + offsetof(CombineSignal, bad_call))) = seq;
     if (blockIdx.x == 0 && threadIdx.x == 0)
       device::record_error(g.wait.errors, DeviceErrorCode::kBadHandle, g.wait.rank, g.wait.rank,
@@ -324,25 +328,26 @@ __device__ __forceinline__ void send_call(const CombineParams& p, const NvlinkTr
   } else {
     if (!dispatch_weights) {
       if (fused) {
-        publish_weights(p, tr, seq, parity, blockIdx.x, gridDim.x);
+        publish_weights(p, tr, seq, parity, blockIdx.x, gridDim.x, live);
       } else {
         if (threadIdx.x == 0) publisher = atomicAdd(&fixed->local.weights_claim, 1u) == 0;
         __syncthreads();
-        if (publisher) publish_weights(p, tr, seq, parity, 0, 1);
+        if (publisher) publish_weights(p, tr, seq, parity, 0, 1, live);
       }
     }
-    send_rows<kLogfmt>(p, tr, seq, parity, dispatch_weights, stage + threadIdx.x / 32 * kStageBytes);
+    send_rows<kLogfmt>(p, tr, seq, parity, dispatch_weights, live, stage + threadIdx.x / 32 * kStageBytes);
   }
-  arrive_at_peers(tr, g.num_ranks, signal + offsetof(CombineSignal, arrivals));
+  arrive_at_peers(tr, g.num_ranks, signal + offsetof(CombineSignal, arrivals), live);
 }
 
 // ---------------------------------------------------------------------------
 // Receive
 
-// Out row t, chunk c = the sum of the rows (t, d) of the ranks d holding one
-// of the token's experts, d ascending, in fp32, rounded to bf16 once.
+// Out row t, chunk c = the sum of the rows (t, d) of the ranks d of `counted`
+// holding one of the token's experts, d ascending, in fp32, rounded to bf16
+// once.
 template <bool kLogfmt>
-__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity) {
+__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity, uint32_t counted) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, H = a.hidden, E = a.num_experts, n16 = H / 8;
   const int L = p.plan.num_local_experts;
@@ -357,7 +362,7 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
     // rejects them, so they only come from a topk_idx it never saw).
     const int64_t expert = lane < K ? __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane) : -1;
     const bool named = expert >= 0 && expert < E;
-    const uint32_t ranks = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u);
+    const uint32_t ranks = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u) & counted;
     float acc[16] = {};
     for (uint32_t rest = ranks; rest != 0;) {
       bool has[kRows];
@@ -422,24 +427,36 @@ __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTr
   const Group& g = p.group;
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const int parity = static_cast<int>(seq & 1);
-  // Every block reads every expert rank's rows, so every block waits for all.
-  bool arrived = true;
+  // Every block reads every expert rank's rows, so every block waits for all
+  // (in shrink mode, for every one that counts).
+  const uint32_t live = device::live_peers(g.wait, g.num_ranks, g.rank);
+  bool arrived = true, counts = false;
   if (static_cast<int>(threadIdx.x) < g.num_ranks) {
     const int d = static_cast<int>(threadIdx.x);
     const uint64_t start = device::global_timer_ns();
-    arrived = await_arrivals(g.wait, g.wait.first_nvl_rank + d, WaitSite::kLowLatencyCombine,
-                             &fixed->combine[parity][d].arrivals, seq);
+    const uint32_t target = arrivals_after(seq);
+    const uint32_t* arrivals = &fixed->combine[parity][d].arrivals;
+    bool failed = false;
+    counts = peer_counts(g.receive_wait, d, WaitSite::kLowLatencyCombine, &fixed->local.combine_verdict[d], seq,
+                         live >> d & 1, failed,
+                         [&] { return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0; });
+    arrived = !failed;
     if (blockIdx.x == 0 && a.wait_recv_cost_stats != nullptr)
       a.wait_recv_cost_stats[d] += static_cast<int64_t>(device::global_timer_ns() - start);
   }
   const bool all_arrived = __syncthreads_and(arrived) != 0;
   // Lane d < R reads the bad-call word of the rank whose arrivals it acquired.
-  __shared__ uint32_t s_failed_ranks;
+  __shared__ uint32_t s_failed_ranks, s_counted;
   if (threadIdx.x < 32) {
     const int d = static_cast<int>(threadIdx.x);
+    const bool mine = d < g.num_ranks && counts;
     const uint32_t failed =
-        __ballot_sync(~0u, all_arrived && d < g.num_ranks && __ldcg(&fixed->combine[parity][d].bad_call) == seq);
-    if (d == 0) s_failed_ranks = failed;
+        __ballot_sync(~0u, all_arrived && mine && __ldcg(&fixed->combine[parity][d].bad_call) == seq);
+    const uint32_t counted = __ballot_sync(~0u, mine);
+    if (d == 0) {
+      s_failed_ranks = failed;
+      s_counted = counted;
+    }
   }
   __syncthreads();
   const uint32_t failed_ranks = s_failed_ranks;
@@ -447,7 +464,7 @@ __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTr
   // A misfit plan is this rank's own error: its send recorded it.
   const int misfit = plan_misfit(header, a, g.num_ranks);
   if (all_arrived && failed_ranks == 0 && misfit == 0)
-    reduce_tokens<kLogfmt>(p, tr.local(), parity);
+    reduce_tokens<kLogfmt>(p, tr.local(), parity, s_counted);
   else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
                          g.wait.first_nvl_rank + __ffs(failed_ranks) - 1, static_cast<int>(OpKind::kLowLatencyCombine),

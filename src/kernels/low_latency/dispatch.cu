@@ -27,6 +27,7 @@
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/fp8_cast.cuh"
 #include "kernels/device/memory_order.cuh"
+#include "kernels/device/rank_mask.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
@@ -183,11 +184,12 @@ __device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned
 // Out of line: the rare path stays out of the token loop. Every destination
 // learns that this call of this rank had a bad input, before the block arrives.
 __device__ __noinline__ void report_invalid_expert(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
-                                                   int parity, int token, int slot, int64_t expert) {
+                                                   int parity, int token, int slot, int64_t expert, uint32_t live) {
   device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token, expert);
   for (int d = 0; d < p.group.num_ranks; ++d)
-    *reinterpret_cast<volatile uint32_t*>(
-        tr.remote(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call))) = seq;
+    if (live >> d & 1)
+      *reinterpret_cast<volatile uint32_t*>(
+          tr.remote(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call))) = seq;
 }
 
 // The first warp of a team: each destination's header, built in this warp's
@@ -234,9 +236,11 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
   __syncwarp();  // the next token's entries overwrite these
 }
 
-// Warp `member` of a team of `team_warps` sends token t.
+// Warp `member` of a team of `team_warps` sends token t to the ranks of
+// `live` that hold one of its experts.
 __device__ __forceinline__ void send_token(const DispatchParams& p, const NvlinkTransport& tr, MessageHeader* headers,
-                                           uint32_t seq, int parity, int t, int member, int team_warps, int lane) {
+                                           uint32_t seq, int parity, int t, int member, int team_warps, int lane,
+                                           uint32_t live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
   const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
@@ -251,12 +255,12 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
   RowPass pass = load_pass(row, n16, member, team_warps, lane);
   const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
   if (bad != 0) {
-    if (member == 0 && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id);
+    if (member == 0 && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id, live);
     return;
   }
   const int expert = static_cast<int>(id);
   const int L = E / p.group.num_ranks;
-  const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u);
+  const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u) & live;
   if (dests == 0) return;
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
   if (member == 0)
@@ -274,26 +278,27 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
 
 // One call's send, on every thread of the grid: the block's tokens, then
 // (block 0) this rank's token count and whether it gave weights, then the
-// block's arrival at every rank.
+// block's arrival at every rank (in shrink mode: every unmasked rank).
 __device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq) {
   __shared__ __align__(16) MessageHeader headers[kWarps][kMaxRanks];
   const int parity = static_cast<int>(seq & 1);
+  const uint32_t live = device::live_peers(p.group.wait, p.group.num_ranks, p.group.rank);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
   const int team = warp / teams.warps, member = warp % teams.warps;
   for (int j = team;; j += teams.count) {
     const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     if (t >= p.args.num_tokens) break;
-    send_token(p, tr, headers[warp], seq, parity, t, member, teams.warps, lane);
+    send_token(p, tr, headers[warp], seq, parity, t, member, teams.warps, lane, live);
   }
   const int64_t signal = signal_offset(parity, p.group.rank);
-  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.group.num_ranks) {
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.group.num_ranks && (live >> threadIdx.x & 1)) {
     const int d = threadIdx.x;
     *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, num_tokens))) = p.args.num_tokens;
     *reinterpret_cast<int32_t*>(tr.remote(d, signal + offsetof(DispatchSignal, has_weights))) =
         p.args.topk_weights != nullptr || p.args.num_tokens == 0;
   }
-  arrive_at_peers(tr, p.group.num_ranks, signal + offsetof(DispatchSignal, arrivals));
+  arrive_at_peers(tr, p.group.num_ranks, signal + offsetof(DispatchSignal, arrivals), live);
 }
 
 // ---------------------------------------------------------------------------
@@ -313,17 +318,25 @@ __device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32
 }
 
 // Thread s < R waits for source s's arrivals, then notes its token count and
-// whether it had a bad input. Returns false on a timeout (recorded).
-__device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const FixedArea* fixed, uint32_t seq,
-                                                int parity, int32_t* source_tokens, uint32_t* failed_sources,
+// whether it had a bad input. Returns false on a timeout (recorded). In shrink
+// mode a source that is masked, or does not come in time, sends nothing.
+__device__ __forceinline__ bool wait_for_source(const DispatchParams& p, FixedArea* fixed, uint32_t seq, int parity,
+                                                uint32_t live, int32_t* source_tokens, uint32_t* failed_sources,
                                                 uint32_t* weightless_sources) {
   const int s = threadIdx.x;
   if (s >= p.group.num_ranks) return true;
   const DispatchSignal& signal = fixed->dispatch[parity][s];
   const uint64_t start = device::global_timer_ns();
-  const bool came = await_arrivals(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyDispatch,
-                                   &signal.arrivals, seq);
-  if (!came) return false;
+  const uint32_t target = arrivals_after(seq);
+  bool failed = false;
+  const bool counts = peer_counts(
+      p.group.wait, s, WaitSite::kLowLatencyDispatch, &fixed->local.dispatch_verdict[s], seq, live >> s & 1, failed,
+      [&] { return static_cast<int32_t>(device::load_acquire_sys(&signal.arrivals) - target) >= 0; });
+  if (failed) return false;
+  if (!counts) {
+    source_tokens[s] = 0;
+    return true;
+  }
   if (blockIdx.x == 0 && p.args.wait_recv_cost_stats != nullptr)
     p.args.wait_recv_cost_stats[s] += static_cast<int64_t>(device::global_timer_ns() - start);
   source_tokens[s] = min(max(__ldcg(&signal.num_tokens), 0), p.args.num_max_tokens);
@@ -334,10 +347,12 @@ __device__ __forceinline__ bool wait_for_source(const DispatchParams& p, const F
 
 // Exclusive prefix sums of the counts in (expert, source) order: the rows of
 // pair i = l * R + s are [first_row[i], first_row[i + 1]) of the flat
-// numbering, first_row[E] their total. Every thread of the block calls it;
-// thread x takes pairs kPairsPerThread * x on.
+// numbering, first_row[E] their total; sources with no tokens (masked ones)
+// count none. Every thread of the block calls it; thread x takes pairs
+// kPairsPerThread * x on.
 __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int num_ranks, int num_pairs,
-                                            int max_count, int32_t* first_row, int32_t* warp_sums) {
+                                            int max_count, const int32_t* source_tokens, int32_t* first_row,
+                                            int32_t* warp_sums) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i0 = kPairsPerThread * static_cast<int>(threadIdx.x);
   int32_t c[kPairsPerThread];
@@ -345,7 +360,9 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int
 #pragma unroll
   for (int u = 0; u < kPairsPerThread; ++u) {
     const int i = i0 + u;
-    c[u] = i < num_pairs ? min(max(__ldcg(&fixed->counts[set][i % num_ranks][i / num_ranks]), 0), max_count) : 0;
+    const int s = i % num_ranks;
+    c[u] = i < num_pairs && source_tokens[s] > 0 ? min(max(__ldcg(&fixed->counts[set][s][i / num_ranks]), 0), max_count)
+                                                 : 0;
     sum += c[u];
   }
   const int32_t mine = sum;
@@ -616,11 +633,13 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
     auto* next = reinterpret_cast<int4*>(fixed->counts[(seq + 2) % kCountSets]);
     for (int i = threadIdx.x; i < R * kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
   }
-  const bool all_came =
-      __syncthreads_and(wait_for_source(p, fixed, seq, parity, source_tokens, &failed_sources, &weightless_sources));
+  const uint32_t live = device::live_peers(p.group.wait, R, p.group.rank);
+  const bool all_came = __syncthreads_and(
+      wait_for_source(p, fixed, seq, parity, live, source_tokens, &failed_sources, &weightless_sources));
   const uint32_t failed = failed_sources;
   if (all_came && failed == 0) {
-    scan_counts(fixed, seq % kCountSets, R, p.args.num_experts, p.args.num_max_tokens, first_row, warp_sums);
+    scan_counts(fixed, seq % kCountSets, R, p.args.num_experts, p.args.num_max_tokens, source_tokens, first_row,
+                warp_sums);
     write_counts(p, first_row, source_tokens, weightless_sources == 0);
     write_token_entries(p, local, seq, parity, source_tokens);
     place_rows(p, local, seq, parity, first_row, source_tokens);

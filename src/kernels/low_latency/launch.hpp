@@ -23,6 +23,7 @@ struct Group {
   // resident at once, so a call's send and receive can share one launch.
   bool gpu_to_itself = false;
   WaitContext wait;
+  WaitContext receive_wait;  // combine's wait for its expert ranks (shrink mode: twice as patient)
 };
 
 // A phase of a call, or the whole call: sends never wait for a peer (each

@@ -56,6 +56,10 @@ struct LocalState {
   // Combine send on a shared GPU: the first block of a call to take it publishes the weights.
   uint32_t weights_claim;
   uint32_t pad[3];
+  // Shrink mode: per peer, whether the last call that judged it counted it
+  // (call * 2 + counted), so that every block of a call agrees.
+  uint32_t dispatch_verdict[kMaxRanks];
+  uint32_t combine_verdict[kMaxRanks];
 };
 
 // Slot [parity][s] of a destination, written by source rank s.

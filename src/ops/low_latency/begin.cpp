@@ -60,7 +60,11 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
   shape.group.num_blocks = core.sm_budget();
   shape.group.gpu_to_itself = core.ranks_on_gpu() == 1;
   core.begin_call();
-  shape.group.wait = core.wait_context(kind);
+  shape.group.wait = core.wait_context(kind, true);
+  // A combine may wait for an expert rank that itself waits out a dead
+  // source's weights: its patience is twice theirs, so it never masks a live
+  // rank for that.
+  shape.group.receive_wait = core.wait_context(kind, true, 2);
   return shape;
 }
 
