@@ -64,6 +64,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_layout_kernel(LayoutParams 
       report_invalid(p, t, slot, e);
       e = -1;
     }
+    // Shrink mode: a masked rank's experts get no token.
+    if (p.mask != nullptr && e >= 0 && p.mask[e / experts_per_rank] != 0) e = -1;
     const bool valid = e >= 0;
     const int expert = static_cast<int>(e), rank = valid ? expert / experts_per_rank : 0;
     const int rdma = rank / p.num_nvl_ranks;

@@ -58,6 +58,8 @@ class BufferCore {
   // `patience`) instead of failing.
   kernels::WaitContext wait_context(OpKind op, bool shrinkable = false, int patience = 1) const;
   bool shrink_enabled() const { return options_.enable_shrink; }
+  // The rank mask in device memory (shrink mode), else null.
+  const int32_t* mask() const { return static_cast<const int32_t*>(mask_.get()); }
   double shrink_timeout_s() const { return shrink_timeout_s_; }
   void update_mask(int rank, bool masked, cudaStream_t stream);
   void query_mask(int32_t* out, cudaStream_t stream);

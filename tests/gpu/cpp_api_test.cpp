@@ -2,7 +2,8 @@
 // get_dispatch_layout against the host reference, peer stores and loads
 // across every pair, an intranode dispatch and combine, and (on a second
 // Buffer, built with low_latency_mode) low-latency dispatch and combine on raw
-// device pointers against the host reference. Exit status 0 when every rank passed.
+// device pointers against the host reference, and (a third, in shrink mode)
+// the rank mask. Exit status 0 when every rank passed.
 //
 //   turnout_gpu_cpp_test [num_ranks] [port]
 #include <sys/wait.h>
@@ -32,7 +33,9 @@ namespace {
     }                                                                   \
   } while (0)
 
-int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
+// `masked` >= 0: the buffer (shrink mode) has that rank masked, so its experts
+// count as -1 in the reference.
+int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream, int masked = -1) {
   const int num_ranks = buffer.topology().num_ranks;
   const int num_tokens = 4096, num_topk = 8, num_experts = 64 * num_ranks;
   std::mt19937_64 rng(1234 + rank);
@@ -65,6 +68,9 @@ int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
   cudaFree(d_counts);
   cudaFree(d_in_rank);
 
+  if (masked >= 0)
+    for (auto& e : topk)
+      if (e >= 0 && e / (num_experts / num_ranks) == masked) e = -1;
   const auto ref = turnout::reference::get_dispatch_layout(topk, num_tokens, num_topk, num_ranks, num_experts,
                                                            buffer.topology().num_nvl_ranks);
   for (int r = 0; r < num_ranks; ++r)
@@ -459,6 +465,65 @@ int check_low_latency_case(turnout::Buffer& buffer, int rank, cudaStream_t strea
   return 0;
 }
 
+// Shrink mode's mask through the C++ API: update, query and clean on the
+// stream, a bad rank refused by name, a buffer without shrink mode refusing
+// the mask ops, and get_dispatch_layout leaving out a masked rank's experts.
+int check_shrink(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
+  turnout::BufferOptions options;
+  options.num_nvl_bytes = 1 << 20;
+  options.enable_shrink = true;
+  options.shrink_timeout_s = 1.5;
+  turnout::Buffer buffer(bootstrap, options);
+  cudaStream_t stream = buffer.comm_stream();
+  EXPECT(buffer.shrink_enabled() && buffer.shrink_timeout_s() == 1.5, "shrink_enabled() = %d, shrink_timeout_s() = %g",
+         buffer.shrink_enabled(), buffer.shrink_timeout_s());
+  int32_t* d_mask = nullptr;
+  TURNOUT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_mask), num_ranks * sizeof(int32_t)));
+  std::vector<int32_t> mask(num_ranks, -1);
+  const auto query = [&] {
+    buffer.query_mask(d_mask, stream);
+    TURNOUT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    TURNOUT_CUDA_CHECK(cudaMemcpy(mask.data(), d_mask, num_ranks * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  };
+  query();
+  EXPECT(std::count(mask.begin(), mask.end(), 0) == num_ranks, "a new buffer's mask is not all zero");
+  const int masked = num_ranks - 1;
+  buffer.update_mask(masked, true, stream);
+  query();
+  for (int r = 0; r < num_ranks; ++r)
+    EXPECT(mask[r] == (r == masked), "mask[%d] = %d after masking rank %d", r, mask[r], masked);
+  bool refused = false;
+  try {
+    buffer.update_mask(num_ranks, true, stream);
+  } catch (const turnout::InvalidArgument& e) {
+    refused = std::strstr(e.what(), "rank_to_mask") != nullptr;
+  }
+  EXPECT(refused, "update_mask(%d) was not refused naming rank_to_mask", num_ranks);
+  if (check_layout(buffer, rank, stream, masked)) return 1;
+  buffer.update_mask(masked, false, stream);
+  query();
+  EXPECT(std::count(mask.begin(), mask.end(), 0) == num_ranks, "the mask after unmasking is not all zero");
+  buffer.update_mask(0, true, stream);
+  buffer.clean_mask(stream);
+  query();
+  EXPECT(std::count(mask.begin(), mask.end(), 0) == num_ranks, "the mask after clean_mask is not all zero");
+  cudaFree(d_mask);
+  buffer.destroy();
+
+  turnout::BufferOptions plain;
+  plain.num_nvl_bytes = 1 << 20;
+  turnout::Buffer without(bootstrap, plain);
+  refused = false;
+  try {
+    without.clean_mask(without.comm_stream());
+  } catch (const turnout::InvalidArgument& e) {
+    refused = std::strstr(e.what(), "enable_shrink") != nullptr;
+  }
+  EXPECT(refused, "clean_mask on a buffer without enable_shrink was not refused");
+  without.destroy();
+  return 0;
+}
+
 // A Buffer of its own with low_latency_mode (collective), sized for the
 // largest case, then each case's dispatch and combine.
 int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
@@ -516,6 +581,7 @@ int run_rank(int rank, int num_ranks, uint16_t port) {
       return 1;
     buffer.destroy();
     if (check_low_latency(bootstrap, rank, num_ranks)) return 1;
+    if (check_shrink(bootstrap, rank, num_ranks)) return 1;
     std::printf("rank %d: ok\n", rank);
     return 0;
   } catch (const std::exception& e) {

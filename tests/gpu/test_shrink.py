@@ -12,14 +12,23 @@ removed.
   takes to give up on the stopped rank is printed per op.
 - A slow rank (asleep past the shrink timeout, then calling) never corrupts
   the survivors' results, and comes back through unmask and clean.
-- 200 create / mask / destroy cycles leave the device memory where it was."""
+- 200 create / mask / destroy cycles leave the device memory where it was.
+- A rank killed by SIGKILL in the middle of a call, in low-latency and in
+  normal mode: shrink_kill_job.py, a job of its own."""
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import turnout
+from harness import count_check
 from low_latency_cases import round_trip, size_hint, world
 from shrink_cases import CASES, SHRINK_S, References, Step, assert_mask, variants
+
+HERE = Path(__file__).resolve().parent
 
 
 def shrink_buffer(ctx, g, n: int):
@@ -191,3 +200,38 @@ def test_create_mask_destroy_cycles_keep_memory(ctx):
 
 
 test_create_mask_destroy_cycles_keep_memory.timeout = 300
+
+
+def run_kill_job(ctx, mode: str) -> None:
+    """The job of shrink_kill_job.py (n ranks, its own processes), run from
+    rank 0; its summary line is printed."""
+    n, _ = world(ctx)
+    result = None
+    if ctx.rank == 0:
+        # The job starts an MPS daemon of its own where its ranks share a GPU.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        proc = subprocess.run([sys.executable, str(HERE / "shrink_kill_job.py"), "--ranks", str(n), "--mode", mode],
+                              env=env, capture_output=True, text=True, timeout=240)
+        result = (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
+    code, out, err = ctx.all_gather(result)[0]
+    count_check()
+    if code != 0:
+        raise AssertionError(f"n={n}: the {mode} kill job exited with {code}\nstdout:\n{out}\nstderr:\n{err}")
+    if ctx.rank == 0:
+        print(out.strip().splitlines()[-1], flush=True)
+
+
+def test_killed_rank_in_low_latency_mode(ctx):
+    """One rank SIGKILLs itself between a dispatch's send and its receive."""
+    run_kill_job(ctx, "low_latency")
+
+
+test_killed_rank_in_low_latency_mode.timeout = 300
+
+
+def test_killed_rank_in_normal_mode(ctx):
+    """One rank SIGKILLs itself while the others wait for it in dispatch."""
+    run_kill_job(ctx, "normal")
+
+
+test_killed_rank_in_normal_mode.timeout = 300

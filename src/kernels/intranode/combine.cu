@@ -3,7 +3,9 @@
 // sorted by source token, so a channel's rows are a contiguous range); the
 // receive block sums, for each of its tokens, the rows of every rank the token
 // went to, in rank order, in fp32. A coordinator warp hands ring slots back
-// once every token that used them is done.
+// once every token that used them is done. Shrink mode: only the ranks of the
+// counts step's `live` word take part, and a rank that dies mid-call has its
+// rows dropped from the sums of the tokens it had not yet delivered.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -39,12 +41,18 @@ __device__ int lower_bound_rows(const int32_t* src_idx, int lo, int hi, int toke
   return lo;
 }
 
+// The ranks taking part in this call, as its step before left them.
+__device__ __forceinline__ uint32_t call_ranks(const CombineParams& p) {
+  return static_cast<uint32_t>(
+      device::load_volatile(reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[p.peers.rank]) + p.region.live)));
+}
+
 __device__ void send_rows(const CombineParams& p, int channel) {
   const CombineArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
   const auto [group_warps, dst, g] = warp_group(kWarps, R);
-  if (dst >= R) return;
+  if (dst >= R || !(call_ranks(p) >> dst & 1)) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int lo = dst > 0 ? a.rank_prefix_matrix[(dst - 1) * R + me] : 0;
@@ -101,14 +109,16 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
   const int32_t* my_tail = lane < R ? reinterpret_cast<const int32_t*>(self + region.tail(channel, lane)) : nullptr;
   int known_tail = 0;
   int seen[kRows] = {};  // tokens of earlier windows that went to each rank
+  const uint32_t taking_part = call_ranks(p);
   bool ok = true;
   for (int base = t0; base < t1 && ok; base += 32) {
     const int t_lane = base + lane;
     uint32_t masks[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j)
-      masks[j] =
-          j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+      masks[j] = j < R && (taking_part >> j & 1)
+                     ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j])
+                     : 0;
     const int first = ((warp - (base - t0)) % kWorkers + kWorkers) % kWorkers;
     for (int i = first; i < 32 && base + i < t1; i += kWorkers) {
       const int t = base + i;
@@ -124,6 +134,11 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
           known_tail = device::load_acquire_sys(my_tail);
           return known_tail > my_slot;
         });
+      // Shrink mode: the rank died (now masked): its row is left out.
+      if (!lane_ok && p.ctx.mask != nullptr) {
+        my_slot = -1;
+        lane_ok = true;
+      }
       ok = __all_sync(~0u, lane_ok);
       if (!ok) break;
       // The ranks' rows in rank order (a fixed order: the sum is deterministic).
@@ -190,8 +205,9 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
+  const bool returns = lane < R && (call_ranks(p) >> lane & 1);
   int32_t* head =
-      lane < R ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me)) : nullptr;
+      returns ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me)) : nullptr;
   int cursor = t0, done = 0, published = 0;
   for (;;) {
     int next = lane < kWorkers ? s_next[lane] : t1;
@@ -207,7 +223,7 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
       done += __popc(mine);
       cursor = min(cursor + 32, next);
     }
-    if (lane < R && done != published) {
+    if (returns && done != published) {
       device::store_release_sys(head, done);
       published = done;
     }

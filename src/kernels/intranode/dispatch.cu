@@ -5,6 +5,8 @@
 // a tail (written by the sender after each round of tokens) and a head
 // (written back by the receiver), both monotonic within one call. A rank's
 // own tokens skip the ring: its receive block copies them from the input.
+// Shrink mode: only the ranks of the counts step's `live` word take part; the
+// rows a source left unsent when it died become padding (source -1, no expert).
 #include <cuda_runtime.h>
 
 #include "kernels/device/bounded_wait.cuh"
@@ -87,12 +89,18 @@ __device__ __forceinline__ void for_each_token_to(const DispatchArgs& a, int num
   }
 }
 
+// The ranks taking part in this call, as its counts step left them.
+__device__ __forceinline__ uint32_t call_ranks(const DispatchParams& p) {
+  return static_cast<uint32_t>(
+      device::load_volatile(reinterpret_cast<const int32_t*>(bytes(p.peers.buffers[p.peers.rank]) + p.region.live)));
+}
+
 __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
   const auto [group_warps, dst, g] = remote_warp_group(kWarps, R, me);
-  if (dst >= R) return;
+  if (dst >= R || !(call_ranks(p) >> dst & 1)) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
@@ -156,6 +164,26 @@ __device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& 
   });
 }
 
+// Rows [begin, end) that no token filled: padding, as past num_worst_tokens,
+// with zero data. The warps of a group take every group_warps-th row.
+__device__ void pad_rows(const DispatchParams& p, int64_t begin, int64_t end, int group_warps, int g, int lane) {
+  const DispatchArgs& a = p.args;
+  const DispatchOutputs& o = a.out;
+  if (o.recv_x == nullptr) return;
+  const int n16 = a.row_bytes / 16;
+  for (int64_t row = begin + g; row < end; row += group_warps) {
+    auto* out = reinterpret_cast<int4*>(static_cast<char*>(o.recv_x) + row * a.row_bytes);
+    for (int i = lane; i < n16; i += 32) out[i] = make_int4(0, 0, 0, 0);
+    auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
+    for (int i = lane; i < a.num_scales; i += 32) out_scales[i] = 0;
+    if (lane < a.num_topk) {
+      o.recv_topk_idx[row * a.num_topk + lane] = -1;
+      o.recv_topk_weights[row * a.num_topk + lane] = 0.0f;
+    }
+    if (lane == 0 && o.recv_src_idx != nullptr) o.recv_src_idx[row] = -1;
+  }
+}
+
 __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
@@ -166,10 +194,15 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels, Q = region.ring_slots;
   char* self = bytes(p.peers.buffers[me]);
-  // Every source rank's token count, as the counts step received it.
+  // Every source rank's token count, as the counts step received it (none
+  // from a rank that takes no part).
+  const uint32_t taking_part = call_ranks(p);
   if (blockIdx.x == 1 && o.source_num_tokens != nullptr && threadIdx.x < R)
-    o.source_num_tokens[threadIdx.x] = reinterpret_cast<const int32_t*>(self + region.source_info)[threadIdx.x * 4];
-  if (src >= R) return;
+    o.source_num_tokens[threadIdx.x] =
+        taking_part >> threadIdx.x & 1
+            ? reinterpret_cast<const int32_t*>(self + region.source_info)[threadIdx.x * 4]
+            : 0;
+  if (src >= R || !(taking_part >> src & 1)) return;
   const int32_t* starts = reinterpret_cast<const int32_t*>(self + region.channel_start) + src * (C + 1);
   const int begin = starts[channel], count = starts[channel + 1] - begin;
   const int64_t row0 = (src > 0 ? a.rank_prefix_matrix[(src - 1) * R + me] : 0) + begin;
@@ -195,7 +228,11 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
     }
     device::named_barrier(1 + src, group_warps * 32);
     const int avail = s_tail[src];
-    if (avail < 0) break;
+    if (avail < 0) {
+      // Shrink mode: the source died mid-call (now masked); its rows left are padding.
+      if (p.ctx.mask != nullptr) pad_rows(p, row0 + consumed, row0 + count, group_warps, g, lane);
+      break;
+    }
     for (int n = consumed + g; o.recv_x != nullptr && n < avail; n += group_warps) {
       const char* slot = ring + static_cast<int64_t>(n % Q) * region.slot_bytes;
       const int64_t row = row0 + n;

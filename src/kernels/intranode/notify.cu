@@ -2,10 +2,16 @@
 // rings), reset our ring counters, then hand every peer what it needs from us:
 // how many tokens we send it, per channel and per expert, and whether our
 // input is bad, so that every rank skips the call together. One block.
+//
+// Shrink mode: a masked rank is left out (no token counted for it, nothing
+// written to it, nothing read from it), a peer that misses a barrier is
+// masked, and the ranks that still take part when the counts are in go to
+// the region's `live` word, which the data step of the call reads.
 #include <cuda_runtime.h>
 
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/nvl_barrier.cuh"
+#include "kernels/device/rank_mask.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "turnout/error.hpp"
 
@@ -64,6 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   // the wait for the slowest peer.
   __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
   __shared__ int s_handle_misfit, s_handle_rows;
+  const uint32_t live_at_start = device::live_peers(p.ctx, R, me);
   if (threadIdx.x == 0) {
     // A dispatch also fails for an unshared error of an earlier call (a
     // layout call's bad expert id): its host raises after the launches, and
@@ -88,7 +95,8 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
         const int t = base + u * kThreads + lane;
 #pragma unroll
         for (int j = 0; j < kMaxNvlRanks; ++j)
-          in[u][j] = t < a.num_tokens && j < R && a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
+          in[u][j] = t < a.num_tokens && j < R && (live_at_start >> j & 1) &&
+                     a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
       }
 #pragma unroll
       for (int u = 0; u < kTokenPasses; ++u) {
@@ -151,37 +159,44 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   // Barrier 1: every peer has finished the previous op, so no late write can
   // land in the counters we reset next.
   if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
+  const uint32_t live = device::live_peers(p.ctx, R, me);
   for (int i = threadIdx.x; i < C * R; i += kThreads) {
     at(self, g.tails)[i] = 0;
     at(self, g.heads)[i] = 0;
   }
   if (threadIdx.x == 0) *at(self, g.status) = 0;
-  for (int j = threadIdx.x; j < R; j += kThreads) at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = s_bad;
+  for (int j = threadIdx.x; j < R; j += kThreads)
+    if (live >> j & 1) at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = s_bad;
 
   if (p.exchange_counts) {
     // Our row of the matrix goes to everyone; the rest is per destination.
     const int L = g.num_local_experts;
     for (int i = threadIdx.x; i < R * R; i += kThreads) {
       const int j = i / R, k = i % R;
-      at(p.peers.buffers[j], g.matrix)[me * R + k] = s_start[C][k];
+      if (live >> j & 1) at(p.peers.buffers[j], g.matrix)[me * R + k] = s_start[C][k];
     }
     for (int j = threadIdx.x; j < R; j += kThreads) {
+      if (!(live >> j & 1)) continue;
       int32_t* info = at(p.peers.buffers[j], g.source_info) + me * 4;
       info[0] = a.num_tokens;
       info[1] = a.num_worst_tokens;
     }
     for (int i = threadIdx.x; i < R * (C + 1); i += kThreads) {
       const int j = i / (C + 1), c = i % (C + 1);
-      at(p.peers.buffers[j], g.channel_start)[me * (C + 1) + c] = s_start[c][j];
+      if (live >> j & 1) at(p.peers.buffers[j], g.channel_start)[me * (C + 1) + c] = s_start[c][j];
     }
     if (a.num_tokens_per_expert)
       for (int i = threadIdx.x; i < R * L; i += kThreads) {
         const int j = i / L, l = i % L;
-        at(p.peers.buffers[j], g.expert_counts)[me * L + l] = a.num_tokens_per_expert[j * L + l];
+        if (live >> j & 1) at(p.peers.buffers[j], g.expert_counts)[me * L + l] = a.num_tokens_per_expert[j * L + l];
       }
   }
   // Barrier 2: our reset counters and every peer's counts are in place.
   if (!device::nvl_barrier(p.peers.control, me, R, p.ctx)) return;
+  // Who takes part in the call: only ranks every step so far found, and that
+  // we counted tokens for.
+  const uint32_t taking_part = device::live_peers(p.ctx, R, me) & live & live_at_start;
+  if (threadIdx.x == 0) *at(self, g.live) = static_cast<int32_t>(taking_part);
   if (threadIdx.x == 0) {
     if (s_pending)
       device::mark_shared(p.ctx.errors);
@@ -196,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   const int32_t* info = at(self, g.source_info);
   if (!p.exchange_counts) {
     for (int j = threadIdx.x; j < R; j += kThreads)
-      if (info[j * 4 + 2] != 0) {
+      if ((taking_part >> j & 1) && info[j * 4 + 2] != 0) {
         *at(self, g.status) = 1;
         if (j != me)
           device::record_error(p.ctx.errors, DeviceErrorCode::kPeerInputError, p.ctx.rank, p.ctx.first_nvl_rank + j,
@@ -205,13 +220,16 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
     return;
   }
 
+  // A rank that does not take part sends and receives nothing in this call.
   const int32_t* matrix = at(self, g.matrix);
+  const auto sent = [&](int i, int j) { return (taking_part >> i & 1) && (taking_part >> j & 1) ? matrix[i * R + j] : 0; };
   for (int j = threadIdx.x; j < R; j += kThreads) {
     int sum = 0;
     for (int i = 0; i < R; ++i) {
-      sum += matrix[i * R + j];
+      sum += sent(i, j);
       a.rank_prefix_matrix[i * R + j] = sum;
     }
+    if (!(taking_part >> j & 1)) continue;
     // Every rank sees every rank's bound and input check, so all skip the data
     // step together when any receiver would overflow or any input was bad.
     const int worst = info[j * 4 + 1];
@@ -233,12 +251,13 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
   if (a.num_tokens_per_expert)
     for (int l = threadIdx.x; l < L; l += kThreads) {
       int sum = 0;
-      for (int s = 0; s < R; ++s) sum += at(self, g.expert_counts)[s * L + l];
+      for (int s = 0; s < R; ++s)
+        if (taking_part >> s & 1) sum += at(self, g.expert_counts)[s * L + l];
       p.mailbox->num_recv_tokens_per_expert[l] = (sum + align - 1) / align * align;
     }
   if (threadIdx.x == 0) {
     int sum = 0;
-    for (int s = 0; s < R; ++s) sum += matrix[s * R + me];
+    for (int s = 0; s < R; ++s) sum += sent(s, me);
     p.mailbox->num_recv_tokens = sum;
   }
   __syncthreads();

@@ -28,6 +28,7 @@ struct IntranodeRegion {
   int64_t tails = 0;          // int32 [C][R]: tokens peer r has written into my ring (c, r)
   int64_t heads = 0;          // int32 [C][R]: tokens peer r has consumed of what I sent it
   int64_t status = 0;         // int32: nonzero = the data kernel skips this call (bad input)
+  int64_t live = 0;           // int32: bit r = rank r takes part in this call (shrink mode: not masked)
   int64_t rings = 0;          // [C][R][Q] slots: ring (c, r) is written by peer r
   int64_t total = 0;
 
@@ -63,6 +64,7 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
   r.tails = take(C * R * 4);
   r.heads = take(C * R * 4);
   r.status = take(4);
+  r.live = take(4);
   // Last, so no other offset depends on the expert count.
   r.expert_counts = take(R * L * 4);
   // The meta area has a fixed size so the size hints can cover it; past it

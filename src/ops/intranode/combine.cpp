@@ -12,7 +12,7 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const Topology& t = core.topology();
   const kernels::Peers peers{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks};
   core.begin_call();
-  const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine);
+  const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
   const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
   kernels::launch_intranode_notify({peers, plan.region, false, {}, handle, nullptr, 0, ctx}, stream);
   kernels::launch_intranode_combine({peers, plan.region, plan.slot, a, ctx}, stream);

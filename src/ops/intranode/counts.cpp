@@ -72,7 +72,7 @@ DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const D
                           {},
                           device_box,
                           sequence,
-                          core.wait_context(OpKind::kDispatch)};
+                          core.wait_context(OpKind::kDispatch, true)};
   kernels::launch_intranode_notify(p, stream);
   if (!wait) return {};
   return wait_recv_counts(core, mailbox, op, sequence, a.num_experts / t.num_ranks);

@@ -15,7 +15,7 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
                                       plan.slot,
                                       a,
                                       a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
-                                      core.wait_context(OpKind::kDispatch)},
+                                      core.wait_context(OpKind::kDispatch, true)},
                                      stream);
   core.check_errors(op);
 }

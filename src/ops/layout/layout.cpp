@@ -44,7 +44,7 @@ void get_dispatch_layout(BufferCore& core, Workspaces& workspaces, const LayoutA
   void* workspace = workspaces.take(op, counters, stream);
   core.begin_call();
   kernels::launch_dispatch_layout({args, topology.num_ranks, topology.num_nvl_ranks, topology.rank,
-                                   core.error_slot(OpKind::kLayout), static_cast<int32_t*>(workspace)},
+                                   core.error_slot(OpKind::kLayout), static_cast<int32_t*>(workspace), core.mask()},
                                   stream);
 }
 
