@@ -115,7 +115,8 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   const size_t user_bytes = align_up(static_cast<int64_t>(options.num_nvl_bytes), 4096);
   low_latency_bytes_ =
       options.low_latency_mode ? static_cast<size_t>(align_up(static_cast<int64_t>(options.num_rdma_bytes), 4096)) : 0;
-  nvl_ = std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes + low_latency_bytes_);
+  nvl_ =
+      std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes + low_latency_bytes_, timeout_s_);
   void* user[kMaxNvlRanks] = {};
   void* low_latency[kMaxNvlRanks] = {};
   for (int i = 0; i < topology_.num_nvl_ranks; ++i) {
