@@ -62,6 +62,9 @@ double Buffer::timeout_s() const {
 int Buffer::sm_budget() const {
   return state_->core.sm_budget();
 }
+const char* Buffer::peer_memory_kind() const {
+  return state_->core.nvl().kind_name();
+}
 int Buffer::ranks_on_gpu() const {
   return state_->core.ranks_on_gpu();
 }

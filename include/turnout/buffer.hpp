@@ -66,6 +66,10 @@ class Buffer {
   // config asking for more runs on this many; blocks spin waiting for peer
   // blocks, so every rank's blocks must fit on the GPUs at once.
   int sm_budget() const;
+  // How peers map each other's memory: "vmm" (CUDA VMM shared by file
+  // descriptor: a peer's memory stays valid while mapped, even after it dies)
+  // or "ipc" (legacy CUDA IPC, where the group cannot use VMM).
+  const char* peer_memory_kind() const;
   // Ranks of the NVL domain on this rank's GPU, this one included.
   int ranks_on_gpu() const;
   size_t num_nvl_bytes() const;

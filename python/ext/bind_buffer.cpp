@@ -67,6 +67,7 @@ BufferClass bind_buffer(nb::module_& m) {
       .def_prop_ro("num_rdma_ranks", [](const Buffer& b) { return b.topology().num_rdma_ranks(); })
       .def_prop_ro("device", &Buffer::device)
       .def_prop_ro("timeout_s", &Buffer::timeout_s)
+      .def_prop_ro("peer_memory_kind", &Buffer::peer_memory_kind)
       .def_prop_ro("shrink_enabled", &Buffer::shrink_enabled)
       .def_prop_ro("shrink_timeout_s", &Buffer::shrink_timeout_s)
       .def_prop_ro("sm_budget", &Buffer::sm_budget)

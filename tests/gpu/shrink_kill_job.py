@@ -78,7 +78,7 @@ def launch(n: int, mode: str) -> int:
         print(f"{mode}: rank {victim} of {n} killed mid-call; every survivor's call completed at most {worst:.2f} s "
               f"after the kill (shrink_timeout_s={results[0]['shrink_s']}), then {results[0]['calls']} checked calls, "
               f"a destroy in {max(r['destroy_s'] for r in results):.2f} s and a checked round trip on a new group "
-              f"of {n - 1}")
+              f"of {n - 1} (peer memory: {results[0]['kind']})")
     return 0 if ok else 1
 
 
@@ -104,6 +104,7 @@ def worker(n: int, mode: str, rank: int, port: int, tmp: str, device: int) -> No
         return normal_worker(n, rank, ctx, dev, kill_file)
     buf = turnout.Buffer(dist.group.WORLD, num_rdma_bytes=size_hint(CASES, n), low_latency_mode=True,
                          enable_shrink=True, shrink_timeout_s=SHRINK_S, explicitly_destroy=True)
+    kind = buf._native.peer_memory_kind
     refs = References(n)
     for case in CASES:
         step = Step(ctx, buf, refs, case)
@@ -141,7 +142,7 @@ def worker(n: int, mode: str, rank: int, port: int, tmp: str, device: int) -> No
                            enable_shrink=True, explicitly_destroy=True)
     round_trip(ctx, fresh, small, n - 1, f"rank {rank}: a new group of {n - 1}")
     fresh.destroy()
-    print("RESULT " + json.dumps({"ok": True, "death_to_call_s": death_to_call, "calls": calls,
+    print("RESULT " + json.dumps({"ok": True, "death_to_call_s": death_to_call, "calls": calls, "kind": kind,
                                   "destroy_s": destroy_s, "shrink_s": SHRINK_S, "checks": harness.take_checks()}),
           flush=True)
     # The default group still names the dead rank: leave without tearing it down.
@@ -160,6 +161,7 @@ def normal_worker(n: int, rank: int, ctx, dev, kill_file: Path) -> None:
     victim = n - 1
     buf = turnout.Buffer(dist.group.WORLD, num_nvl_bytes=nvl_bytes(1024, n), enable_shrink=True,
                          shrink_timeout_s=SHRINK_S, explicitly_destroy=True)
+    kind = buf._native.peer_memory_kind
     for case in CASES:
         round_trip(ctx, buf, case, n, f"rank {rank}: before the kill")
     dist.barrier()
@@ -183,7 +185,7 @@ def normal_worker(n: int, rank: int, ctx, dev, kill_file: Path) -> None:
     fresh = turnout.Buffer(group, num_nvl_bytes=nvl_bytes(1024, n - 1), enable_shrink=True, explicitly_destroy=True)
     round_trip(ctx, fresh, small, n - 1, f"rank {rank}: a new group of {n - 1}")
     fresh.destroy()
-    print("RESULT " + json.dumps({"ok": True, "death_to_call_s": death_to_call, "calls": calls,
+    print("RESULT " + json.dumps({"ok": True, "death_to_call_s": death_to_call, "calls": calls, "kind": kind,
                                   "destroy_s": destroy_s, "shrink_s": SHRINK_S, "checks": harness.take_checks()}),
           flush=True)
     os._exit(0)
