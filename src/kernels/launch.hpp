@@ -18,7 +18,7 @@ struct LayoutParams {
   int num_nvl_ranks;
   int rank;
   DeviceErrorSlot errors;
-  int32_t* workspace;  // [counters | finished blocks], zero between calls
+  int32_t* workspace;   // [counters | finished blocks], zero between calls
   const int32_t* mask;  // shrink mode: int32 per rank, nonzero = masked (its experts count as -1); else null
 };
 void launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream);

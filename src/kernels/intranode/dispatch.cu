@@ -199,9 +199,8 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const uint32_t taking_part = call_ranks(p);
   if (blockIdx.x == 1 && o.source_num_tokens != nullptr && threadIdx.x < R)
     o.source_num_tokens[threadIdx.x] =
-        taking_part >> threadIdx.x & 1
-            ? reinterpret_cast<const int32_t*>(self + region.source_info)[threadIdx.x * 4]
-            : 0;
+        taking_part >> threadIdx.x & 1 ? reinterpret_cast<const int32_t*>(self + region.source_info)[threadIdx.x * 4]
+                                       : 0;
   if (src >= R || !(taking_part >> src & 1)) return;
   const int32_t* starts = reinterpret_cast<const int32_t*>(self + region.channel_start) + src * (C + 1);
   const int begin = starts[channel], count = starts[channel + 1] - begin;

@@ -222,7 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
 
   // A rank that does not take part sends and receives nothing in this call.
   const int32_t* matrix = at(self, g.matrix);
-  const auto sent = [&](int i, int j) { return (taking_part >> i & 1) && (taking_part >> j & 1) ? matrix[i * R + j] : 0; };
+  const auto sent = [&](int i, int j) {
+    return (taking_part >> i & 1) && (taking_part >> j & 1) ? matrix[i * R + j] : 0;
+  };
   for (int j = threadIdx.x; j < R; j += kThreads) {
     int sum = 0;
     for (int i = 0; i < R; ++i) {
