@@ -48,6 +48,7 @@ int check_layout(turnout::Buffer& buffer, int rank, cudaStream_t stream, int mas
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_counts, counters * sizeof(int32_t)));
   TURNOUT_CUDA_CHECK(cudaMalloc(&d_in_rank, num_tokens * num_ranks));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_topk, topk.data(), topk.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  TURNOUT_CUDA_CHECK(cudaDeviceSynchronize());  // see to_device: the Buffer's stream does not wait for the copy
 
   turnout::LayoutArgs args;
   args.topk_idx = static_cast<const int64_t*>(d_topk);
@@ -93,6 +94,7 @@ int check_peer_memory(turnout::Buffer& buffer, int rank, cudaStream_t stream) {
   TURNOUT_CUDA_CHECK(cudaMalloc(&src, bytes));
   TURNOUT_CUDA_CHECK(cudaMalloc(&dst, bytes * n));
   TURNOUT_CUDA_CHECK(cudaMemcpy(src, mine.data(), bytes, cudaMemcpyHostToDevice));
+  TURNOUT_CUDA_CHECK(cudaDeviceSynchronize());
 
   buffer.store_to_peers(src, bytes, 0, true, 16, stream);
   buffer.barrier(stream);
@@ -144,6 +146,7 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_in_rank, in_rank.data(), in_rank.size(), cudaMemcpyHostToDevice));
   TURNOUT_CUDA_CHECK(cudaMemcpy(d_per_expert, per_expert.data(), R * 4, cudaMemcpyHostToDevice));
+  TURNOUT_CUDA_CHECK(cudaDeviceSynchronize());
   auto* prefix = static_cast<int32_t*>(d_meta);
 
   turnout::DispatchCountsArgs counts;
