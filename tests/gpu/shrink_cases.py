@@ -86,6 +86,7 @@ class Step:
         self.weights_at_dispatch, self.hook, self.logfmt = weights_at_dispatch, hook, logfmt
         self.out = None
         self.canon = None
+        self.finished_at = 0.0  # time.time() when the last call's work was done, before its checks
 
     def dispatch(self, masked: set, what: str) -> float:
         """Dispatch; checks the rows against the reference without `masked`'s
@@ -100,6 +101,7 @@ class Step:
         if self.hook:
             self.out[4]()
         torch.cuda.synchronize()
+        self.finished_at = time.time()
         elapsed = time.monotonic() - start
         self.canon = check_dispatch(self.out, self.refs.refs(case, masked)[me], case, self.refs.n, what, dev)
         return elapsed
@@ -119,6 +121,7 @@ class Step:
         if self.hook:
             hook()
         torch.cuda.synchronize()
+        self.finished_at = time.time()
         elapsed = time.monotonic() - start
         mine = MyRows(self.refs.refs(case, dispatch_masked), me, inp.x)
         ids = without_masked_experts(inp.topk_idx, masked, case.experts // n)

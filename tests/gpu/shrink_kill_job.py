@@ -124,7 +124,7 @@ def worker(n: int, mode: str, rank: int, port: int, tmp: str, device: int) -> No
     step = Step(ctx, buf, refs, case, hook=True)
     step.dispatch(set(), f"rank {rank}: the killed call: dispatch")
     step.combine(set(), {victim}, f"rank {rank}: the killed call: combine")
-    death_to_call = time.time() - float(kill_file.read_text())
+    death_to_call = step.finished_at - float(kill_file.read_text())
     assert_mask(buf, n, dev, {victim}, f"rank {rank}: after the killed call")
     calls = 0
     for i in range(20):
@@ -171,8 +171,9 @@ def normal_worker(n: int, rank: int, ctx, dev, kill_file: Path) -> None:
         kill_file.write_text(repr(time.time() + 0.5))
         time.sleep(0.5)  # the others are in their dispatch by now, waiting for this rank
         os.kill(os.getpid(), signal.SIGKILL)
-    masked_round_trip(ctx, buf, CASES[0], n, {victim}, f"rank {rank}: the killed call")
-    death_to_call = time.time() - float(kill_file.read_text())
+    times = {}
+    masked_round_trip(ctx, buf, CASES[0], n, {victim}, f"rank {rank}: the killed call", times=times)
+    death_to_call = times["dispatch_done"] - float(kill_file.read_text())
     assert_mask(buf, n, dev, {victim}, f"rank {rank}: after the killed call")
     calls = 0
     for i in range(10):

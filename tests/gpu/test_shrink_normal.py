@@ -69,11 +69,12 @@ def shrink_buffer(ctx, g, n: int):
 
 
 def masked_round_trip(ctx, buf, case: Case, n: int, masked: set, what: str, stale_layout: bool = False,
-                      cached: bool = False) -> float:
+                      cached: bool = False, times: dict = None) -> float:
     """One survivor's dispatch and combine against the reduced reference;
     returns the seconds they took. stale_layout: dispatch gets the layout of
     the full routing (computed without the mask), which it must still reduce.
-    cached: a second dispatch reuses the first one's handle."""
+    cached: a second dispatch reuses the first one's handle. times: gets
+    "dispatch_done", the time.time() its dispatch finished (before the checks)."""
     me, dev = ctx.rank, ctx.device
     refs = reference_dispatch(case, n, reduced_inputs(case, n, masked))
     mine = inputs_of(case, n, me)
@@ -88,6 +89,8 @@ def masked_round_trip(ctx, buf, case: Case, n: int, masked: set, what: str, stal
     out = dispatch(buf, case, mine, dev, **extra)
     torch.cuda.synchronize()
     took = time.monotonic() - start
+    if times is not None:
+        times["dispatch_done"] = time.time()
     check_dispatch(out, refs[me], case, f"{what}: dispatch", source_tokens=source_tokens(case, n, masked))
     if cached:
         again = buf.dispatch(x_on_device(mine.x, dev), handle=out[4])
