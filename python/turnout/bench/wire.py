@@ -17,9 +17,9 @@ PER_EXPERT_HEADER_BYTES = 16
 SCALE_GROUP = 128
 
 FORMULAS = {
-    "dispatch FP8": ("remote (token, rank) pairs x (128 + H + H/128*4)",
+    "dispatch FP8": ("remote (token, rank) pairs x (144 + H + H/128*4)",
                      "remote (token, expert) pairs x (H + H/128*4 + 16)"),
-    "dispatch BF16": ("remote (token, rank) pairs x (128 + 2H)", "remote (token, expert) pairs x (2H + 16)"),
+    "dispatch BF16": ("remote (token, rank) pairs x (144 + 2H)", "remote (token, expert) pairs x (2H + 16)"),
     "combine BF16": ("remote (token, rank) pairs x 2H + (R - 1) x T x K x 8 (weights)",
                      "remote (token, expert) pairs x 2H"),
     "combine BF16, weights at dispatch": ("remote (token, rank) pairs x 2H", "remote (token, expert) pairs x 2H"),
