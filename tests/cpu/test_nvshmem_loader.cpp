@@ -1,16 +1,20 @@
 // The NVSHMEM transport's loader (runtime/nvshmem_loader.hpp) where it must
 // refuse: no library at the path, a library without turnout's symbol, one of
 // another build. Each refusal is NotSupported naming the path and how to get
-// the transport.
+// the transport; an NvshmemWindow passes it on and can be tried again.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "runtime/nvshmem_loader.hpp"
+#include "runtime/nvshmem_window.hpp"
+#include "turnout/bootstrap.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
@@ -91,6 +95,19 @@ TEST(NvshmemLoader, LooksBesideTheProgramThatHoldsTheCore) {
   ASSERT_GT(n, 0);
   const std::string program(exe, static_cast<size_t>(n));
   EXPECT_EQ(nvshmem_library_path(), program.substr(0, program.rfind('/') + 1) + "libturnout_nvshmem.so");
+}
+
+TEST(NvshmemWindow, PassesTheLoadersRefusalOnAndCanBeTriedAgain) {
+  const char* path = "/nonexistent/turnout/libturnout_nvshmem.so";
+  LibraryVariable variable(path);
+  FunctionBootstrap alone(
+      0, 1, [](std::span<const std::byte> mine) { return std::vector<std::byte>(mine.begin(), mine.end()); });
+  // The second try finds no window open: the first released its claim.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::string message = not_supported_message([&] { NvshmemWindow window(alone); });
+    expect_contains(message, path);
+    EXPECT_EQ(message.find("already open"), std::string::npos) << message;
+  }
 }
 
 }  // namespace
