@@ -144,4 +144,18 @@ if(TURNOUT_NVSHMEM_FOUND)
   if(TURNOUT_BUILD_PYTHON)
     install(TARGETS turnout_nvshmem LIBRARY DESTINATION turnout)
   endif()
+
+  if(TURNOUT_BUILD_TESTS)
+    # Multi-process smoke test of the window and the device path (TCP
+    # bootstrap); run by tests/gpu/test_nvshmem_window.py.
+    add_executable(turnout_nvshmem_smoke tests/gpu/nvshmem_smoke.cpp)
+    target_link_libraries(turnout_nvshmem_smoke PRIVATE turnout)
+    target_include_directories(turnout_nvshmem_smoke PRIVATE src)
+    target_compile_options(turnout_nvshmem_smoke PRIVATE -Wall -Wextra)
+    # Loaded at run time, not linked: built with it.
+    add_dependencies(turnout_nvshmem_smoke turnout_nvshmem)
+    if(TURNOUT_BUILD_PYTHON)
+      install(TARGETS turnout_nvshmem_smoke RUNTIME DESTINATION turnout/bin)
+    endif()
+  endif()
 endif()
