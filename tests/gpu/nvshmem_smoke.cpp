@@ -41,6 +41,8 @@ namespace {
     }                                                                   \
   } while (0)
 
+// NVSHMEM's NVSHMEM_STATUS_* values (nvshmem_constants.h); the core includes
+// no NVSHMEM header.
 const char* describe_init_status(int status) {
   switch (status) {
     case 2:
