@@ -16,6 +16,8 @@ need_module numpy numpy==2.4.6
 need_module pytest pytest==9.2.0
 need_module nanobind nanobind==3.1.0
 need_module scikit_build_core scikit-build-core==1.1.2
+# The NVSHMEM transport's build (multi-host); found by CMake through this interpreter.
+need_module nvidia.nvshmem nvidia-nvshmem-cu13==3.4.5
 if ((${#missing[@]})); then
   echo "== installing ${missing[*]}"
   "$py" -m pip install --quiet --root-user-action=ignore "${missing[@]}"
