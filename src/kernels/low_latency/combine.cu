@@ -42,7 +42,7 @@ constexpr int kWarps = kThreads / 32;
 // 14 items per token at hidden 7168; four 128-channel groups.
 constexpr int kChunk = 512;
 constexpr int kChunkWords = kChunk / 8;
-static_assert(kChunk % kGroup == 0 && kChunkWords == 64 && kChunk == kLogfmtChunk);
+static_assert(kChunk % kScaleGroup == 0 && kChunkWords == 64 && kChunk == kLogfmtChunk);
 // Rows whose words a lane loads before using any: a top-8 token's rows in one
 // round trip, within the 128 registers a 512-thread block leaves a thread.
 constexpr int kBatch = 8;
@@ -52,7 +52,7 @@ constexpr int kStageBytes = 1024;
 static_assert(combine_row_bytes(7168) == logfmt_row_bytes(7168) && combine_row_bytes(1408) == logfmt_row_bytes(1408) &&
               combine_meta_offset(1408) == logfmt_meta_offset(1408));
 
-struct CombineParams {
+struct LowLatencyCombineParams {
   LowLatencyCombineArgs args;
   Region region;
   Group group;
@@ -110,13 +110,13 @@ __device__ __forceinline__ int plan_misfit(const PlanHeader& h, const LowLatency
 }
 
 template <typename T>
-__device__ __forceinline__ const T* plan_array(const CombineParams& p, int64_t offset) {
+__device__ __forceinline__ const T* plan_array(const LowLatencyCombineParams& p, int64_t offset) {
   return reinterpret_cast<const T*>(static_cast<const char*>(p.args.plan) + offset);
 }
 
 __host__ __device__ constexpr int64_t combine_signal_offset(int parity, int rank) {
   return static_cast<int64_t>(offsetof(FixedArea, combine)) +
-         (static_cast<int64_t>(parity) * kMaxRanks + rank) * static_cast<int64_t>(sizeof(CombineSignal));
+         (static_cast<int64_t>(parity) * kMaxGroupRanks + rank) * static_cast<int64_t>(sizeof(CombineSignal));
 }
 
 __device__ __forceinline__ const CombineSignal& combine_signal(const char* local, int parity, int rank) {
@@ -135,8 +135,8 @@ __device__ __forceinline__ NvlinkTransport block_transport(const Group& group, v
 // This rank's combine weights of tokens first, first + stride, ... to every
 // rank of `live`: per (token, slot k) the weight, 0 where topk_idx names no
 // expert (that slot's row is dropped), tagged with the call's number.
-__device__ void publish_weights(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity, int first,
-                                int stride, uint32_t live) {
+__device__ void publish_weights(const LowLatencyCombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+                                int first, int stride, uint32_t live) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, T = a.num_tokens;
   const int tokens = first < T ? (T - first + stride - 1) / stride : 0;
@@ -157,8 +157,8 @@ __device__ void publish_weights(const CombineParams& p, const NvlinkTransport& t
 // Waits (bounded) for the source's words of this call; gives 0 where they
 // never came or the source's call had an unusable plan (then no rank writes
 // the output anyway).
-__device__ float published_weight(const CombineParams& p, const char* local, uint32_t seq, int parity, int s, int t,
-                                  uint16_t slots, int lane) {
+__device__ float published_weight(const LowLatencyCombineParams& p, const char* local, uint32_t seq, int parity, int s,
+                                  int t, uint16_t slots, int lane) {
   const int K = p.args.num_topk;
   uint64_t word = static_cast<uint64_t>(seq) << 32;
   if (lane < K) {
@@ -203,7 +203,7 @@ __device__ __forceinline__ bool next_entry(uint32_t& rest, int& j) {
 // rounded to bf16 once, to the source's slot (token, this rank). The first
 // batch's rows are loaded before the weights are awaited.
 template <bool kLogfmt>
-__device__ void send_sum(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+__device__ void send_sum(const LowLatencyCombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
                          const SendItem& item, bool dispatch_weights, char* stage) {
   const int H = p.args.hidden, n16 = H / 8, lane = threadIdx.x % 32;
   const auto* x = static_cast<const char*>(p.args.x);
@@ -266,7 +266,7 @@ __device__ void send_sum(const CombineParams& p, const NvlinkTransport& tr, uint
 // write to every source rank of `live`. Tokens past a source's count, and
 // tokens with no expert here, are skipped at the cost of a few loads.
 template <bool kLogfmt>
-__device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
+__device__ void send_rows(const LowLatencyCombineParams& p, const NvlinkTransport& tr, uint32_t seq, int parity,
                           bool dispatch_weights, uint32_t live, char* stage) {
   const LowLatencyCombineArgs& a = p.args;
   const int R = p.group.num_ranks, M = a.num_max_tokens, K = a.num_topk;
@@ -291,9 +291,9 @@ __device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uin
     const int64_t entry = static_cast<int64_t>(item.source) * M + item.token;
     // Loaded together: entries past the count are stale, and masked below.
     const int n = min(token_entries[entry], K);
-    item.x_row = lane < K ? token_rows[entry * kMaxTopk + lane] : -1;
-    item.weight = dispatch_weights && lane < K ? token_weights[entry * kMaxTopk + lane] : 0.0f;
-    item.slots = !dispatch_weights && lane < K ? token_slots[entry * kMaxTopk + lane] : 0;
+    item.x_row = lane < K ? token_rows[entry * kLowLatencyMaxTopk + lane] : -1;
+    item.weight = dispatch_weights && lane < K ? token_weights[entry * kLowLatencyMaxTopk + lane] : 0.0f;
+    item.slots = !dispatch_weights && lane < K ? token_slots[entry * kLowLatencyMaxTopk + lane] : 0;
     if (n <= 0) continue;
     // Bounds on what the plan says, so that a plan whose header fits but whose
     // body does not (reused memory) never reads outside x.
@@ -308,8 +308,8 @@ __device__ void send_rows(const CombineParams& p, const NvlinkTransport& tr, uin
 // rank whose plan is unusable says so to every rank before anything else
 // (their sends may be waiting for its weights), and sends no row.
 template <bool kLogfmt>
-__device__ __forceinline__ void send_call(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq, bool fused,
-                                          char* stage) {
+__device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, const NvlinkTransport& tr, uint32_t seq,
+                                          bool fused, char* stage) {
   __shared__ bool publisher;
   const Group& g = p.group;
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
@@ -347,7 +347,7 @@ __device__ __forceinline__ void send_call(const CombineParams& p, const NvlinkTr
 // holding one of the token's experts, d ascending, in fp32, rounded to bf16
 // once.
 template <bool kLogfmt>
-__device__ void reduce_tokens(const CombineParams& p, const char* self, int parity, uint32_t counted) {
+__device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self, int parity, uint32_t counted) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, H = a.hidden, E = a.num_experts, n16 = H / 8;
   const int L = p.plan.num_local_experts;
@@ -421,7 +421,7 @@ __device__ void reduce_tokens(const CombineParams& p, const char* self, int pari
 // advances at the end, and the send's where this launch ran the send too
 // (`send_seq` nonzero).
 template <bool kLogfmt>
-__device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTransport& tr, uint32_t seq,
+__device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, const NvlinkTransport& tr, uint32_t seq,
                                           uint32_t send_seq) {
   const LowLatencyCombineArgs& a = p.args;
   const Group& g = p.group;
@@ -481,8 +481,8 @@ __device__ __forceinline__ void recv_call(const CombineParams& p, const NvlinkTr
 // waits for every expert rank, this rank's own blocks among them.
 template <bool kLogfmt>
 __global__ void __launch_bounds__(kThreads, 1)
-    combine_kernel(const __grid_constant__ CombineParams p, const int phases) {
-  __shared__ void* table[kMaxRanks];
+    combine_kernel(const __grid_constant__ LowLatencyCombineParams p, const int phases) {
+  __shared__ void* table[kMaxGroupRanks];
   __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
   const NvlinkTransport tr = block_transport(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <bool kLogfmt>
-void launch(const CombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
+void launch(const LowLatencyCombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
   if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
     combine_kernel<kLogfmt><<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
   } else {
@@ -514,7 +514,8 @@ void launch(const CombineParams& p, const Group& group, LowLatencyPhase phase, c
 
 void launch_combine(const LowLatencyCombineArgs& args, const Region& region, const Group& group, LowLatencyPhase phase,
                     cudaStream_t stream) {
-  const CombineParams p{args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
+  const LowLatencyCombineParams p{args, region, group,
+                                  make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
   if (args.use_logfmt)
     launch<true>(p, group, phase, stream);
   else

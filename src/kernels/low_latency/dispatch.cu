@@ -56,10 +56,10 @@ static_assert(sizeof(MessageHeader) % 16 == 0);
 static_assert(offsetof(FixedArea, counts) % 16 == 0 && kMaxLocalExperts % 4 == 0, "counts are zeroed in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
-static_assert(kLowLatencyMaxHidden / kGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
-static_assert(kMaxRanks <= 32);
+static_assert(kLowLatencyMaxHidden / kScaleGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
+static_assert(kMaxGroupRanks <= 32);
 
-struct DispatchParams {
+struct LowLatencyDispatchParams {
   LowLatencyDispatchArgs args;
   Region region;
   Group group;
@@ -69,13 +69,14 @@ struct DispatchParams {
 // Where source `source`'s signal of parity `parity` lies in a region.
 __host__ __device__ constexpr int64_t signal_offset(int parity, int source) {
   return static_cast<int64_t>(offsetof(FixedArea, dispatch)) +
-         (static_cast<int64_t>(parity) * kMaxRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
+         (static_cast<int64_t>(parity) * kMaxGroupRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
 }
 
 // Where source `source`'s counts of set `set` lie in a region.
 __host__ __device__ constexpr int64_t counts_offset(int set, int source) {
-  return static_cast<int64_t>(offsetof(FixedArea, counts)) +
-         (static_cast<int64_t>(set) * kMaxRanks + source) * kMaxLocalExperts * static_cast<int64_t>(sizeof(int32_t));
+  return static_cast<int64_t>(offsetof(FixedArea, counts)) + (static_cast<int64_t>(set) * kMaxGroupRanks + source) *
+                                                                 kMaxLocalExperts *
+                                                                 static_cast<int64_t>(sizeof(int32_t));
 }
 
 // The peers' regions, copied once per block from the launch's parameters into
@@ -144,7 +145,7 @@ __device__ __forceinline__ void put_bf16_pass(const NvlinkTransport& tr, unsigne
 __device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned dests, int64_t payload,
                                              const RowPass& pass, int hidden, bool round_scale, int first, int stride,
                                              int lane) {
-  const int n16 = hidden / 8, num_groups = hidden / kGroup;
+  const int n16 = hidden / 8, num_groups = hidden / kScaleGroup;
   const bool odd = lane & 1;
   int4 bytes[kUnitsPerPass];
   int4 scales[kUnitsPerPass];
@@ -183,8 +184,9 @@ __device__ __forceinline__ void put_fp8_pass(const NvlinkTransport& tr, unsigned
 
 // Out of line: the rare path stays out of the token loop. Every destination
 // learns that this call of this rank had a bad input, before the block arrives.
-__device__ __noinline__ void report_invalid_expert(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
-                                                   int parity, int token, int slot, int64_t expert, uint32_t live) {
+__device__ __noinline__ void report_invalid_expert(const LowLatencyDispatchParams& p, const NvlinkTransport& tr,
+                                                   uint32_t seq, int parity, int token, int slot, int64_t expert,
+                                                   uint32_t live) {
   device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token, expert);
   for (int d = 0; d < p.group.num_ranks; ++d)
     if (live >> d & 1)
@@ -229,7 +231,7 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
     tr.add(dst, counts + 4 * static_cast<int64_t>(local_expert), 1);
   }
   __syncwarp();
-  for (int i = lane; i < kMaxRanks * kHeaderWords; i += 32) {
+  for (int i = lane; i < kMaxGroupRanks * kHeaderWords; i += 32) {
     const int d = i / kHeaderWords, w = i % kHeaderWords;
     if (dests >> d & 1) tr.put_16(d, slot + 16 * w, reinterpret_cast<const int4*>(&headers[d])[w]);
   }
@@ -238,9 +240,9 @@ __device__ __forceinline__ void put_headers(const NvlinkTransport& tr, MessageHe
 
 // Warp `member` of a team of `team_warps` sends token t to the ranks of
 // `live` that hold one of its experts.
-__device__ __forceinline__ void send_token(const DispatchParams& p, const NvlinkTransport& tr, MessageHeader* headers,
-                                           uint32_t seq, int parity, int t, int member, int team_warps, int lane,
-                                           uint32_t live) {
+__device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, const NvlinkTransport& tr,
+                                           MessageHeader* headers, uint32_t seq, int parity, int t, int member,
+                                           int team_warps, int lane, uint32_t live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
   const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
@@ -279,8 +281,8 @@ __device__ __forceinline__ void send_token(const DispatchParams& p, const Nvlink
 // One call's send, on every thread of the grid: the block's tokens, then
 // (block 0) this rank's token count and whether it gave weights, then the
 // block's arrival at every rank (in shrink mode: every unmasked rank).
-__device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq) {
-  __shared__ __align__(16) MessageHeader headers[kWarps][kMaxRanks];
+__device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const NvlinkTransport& tr, uint32_t seq) {
+  __shared__ __align__(16) MessageHeader headers[kWarps][kMaxGroupRanks];
   const int parity = static_cast<int>(seq & 1);
   const uint32_t live = device::live_peers(p.group.wait, p.group.num_ranks, p.group.rank);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -304,7 +306,8 @@ __device__ __forceinline__ void send_call(const DispatchParams& p, const NvlinkT
 // ---------------------------------------------------------------------------
 // Receive
 
-__device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32_t failed, int32_t has_weights) {
+__device__ __forceinline__ void write_plan_header(const LowLatencyDispatchParams& p, int32_t failed,
+                                                  int32_t has_weights) {
   const LowLatencyDispatchArgs& a = p.args;
   auto* h = reinterpret_cast<PlanHeader*>(static_cast<char*>(a.plan) + p.plan.header);
   h->num_tokens = a.num_tokens;
@@ -320,9 +323,9 @@ __device__ __forceinline__ void write_plan_header(const DispatchParams& p, int32
 // Thread s < R waits for source s's arrivals, then notes its token count and
 // whether it had a bad input. Returns false on a timeout (recorded). In shrink
 // mode a source that is masked, or does not come in time, sends nothing.
-__device__ __forceinline__ bool wait_for_source(const DispatchParams& p, FixedArea* fixed, uint32_t seq, int parity,
-                                                uint32_t live, int32_t* source_tokens, uint32_t* failed_sources,
-                                                uint32_t* weightless_sources) {
+__device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& p, FixedArea* fixed, uint32_t seq,
+                                                int parity, uint32_t live, int32_t* source_tokens,
+                                                uint32_t* failed_sources, uint32_t* weightless_sources) {
   const int s = threadIdx.x;
   if (s >= p.group.num_ranks) return true;
   const DispatchSignal& signal = fixed->dispatch[parity][s];
@@ -395,7 +398,7 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int
 
 // The outputs of one number per expert or pair, and the plan's header and
 // source token counts: spread over the threads of the grid.
-__device__ __forceinline__ void write_counts(const DispatchParams& p, const int32_t* first_row,
+__device__ __forceinline__ void write_counts(const LowLatencyDispatchParams& p, const int32_t* first_row,
                                              const int32_t* source_tokens, int32_t has_weights) {
   const LowLatencyDispatchArgs& a = p.args;
   const int R = p.group.num_ranks, E = a.num_experts;
@@ -420,13 +423,13 @@ __device__ __forceinline__ void write_counts(const DispatchParams& p, const int3
 
 // A slot holds a message of this call for token t.
 __device__ __forceinline__ bool is_message(const int4& head, uint32_t seq, int t) {
-  return static_cast<uint32_t>(head.x) == seq && head.y == t && head.z >= 1 && head.z <= kMaxTopk;
+  return static_cast<uint32_t>(head.x) == seq && head.y == t && head.z >= 1 && head.z <= kLowLatencyMaxTopk;
 }
 
 // plan token_entries for every (source, token < M), spread over the grid
 // from the last warp of place_rows' order back: with fewer rows than warps,
 // warps that place no row read these headers.
-__device__ __forceinline__ void write_token_entries(const DispatchParams& p, const char* local, uint32_t seq,
+__device__ __forceinline__ void write_token_entries(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
                                                     int parity, const int32_t* source_tokens) {
   const int R = p.group.num_ranks, M = p.args.num_max_tokens;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
@@ -508,15 +511,15 @@ __device__ __forceinline__ void copy_row(void* dst, const void* src, int n16, in
 }
 
 // Row `row` of local expert l is token t of source s, entry j of its header.
-__device__ __forceinline__ void place_row(const DispatchParams& p, const char* local, int parity, int l, int s, int t,
-                                          int j, int row, int lane) {
+__device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, const char* local, int parity, int l,
+                                          int s, int t, int j, int row, int lane) {
   const LowLatencyDispatchArgs& a = p.args;
   const int H = a.hidden, M = a.num_max_tokens;
   const int64_t rows_per_expert = static_cast<int64_t>(M) * p.group.num_ranks;
   const int64_t out = l * rows_per_expert + row;
   const char* slot = local + p.region.dispatch_slot(parity, s, t);
   const char* payload = slot + sizeof(MessageHeader);
-  const int num_groups = H / kGroup, scale_words = (num_groups + 3) / 4;
+  const int num_groups = H / kScaleGroup, scale_words = (num_groups + 3) / 4;
   // The small loads first, so they overlap the row's.
   uint16_t slots = 0;
   float weight = 0.0f;
@@ -531,7 +534,7 @@ __device__ __forceinline__ void place_row(const DispatchParams& p, const char* l
   if (lane == 0) {
     char* plan = static_cast<char*>(a.plan);
     a.src_info[out] = t;
-    const int64_t entry = (static_cast<int64_t>(s) * M + t) * kMaxTopk + j;
+    const int64_t entry = (static_cast<int64_t>(s) * M + t) * kLowLatencyMaxTopk + j;
     reinterpret_cast<int32_t*>(plan + p.plan.token_rows)[entry] = static_cast<int32_t>(out);
     reinterpret_cast<uint16_t*>(plan + p.plan.token_slots)[entry] = slots;
     reinterpret_cast<float*>(plan + p.plan.token_weights)[entry] = weight;
@@ -558,9 +561,9 @@ __device__ __forceinline__ void place_row(const DispatchParams& p, const char* l
 
 // Rows [from, to) of pair i (local expert l, source s): the from-th to the
 // (to - 1)-th messages of s naming l, in token order.
-__device__ __forceinline__ void place_pair_rows(const DispatchParams& p, const char* local, uint32_t seq, int parity,
-                                                const int32_t* first_row, const int32_t* source_tokens, int i, int from,
-                                                int to, int lane) {
+__device__ __forceinline__ void place_pair_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
+                                                int parity, const int32_t* first_row, const int32_t* source_tokens,
+                                                int i, int from, int to, int lane) {
   const int R = p.group.num_ranks;
   const int l = i / R, s = i % R;
   const int begin = first_row[i] - first_row[l * R];
@@ -586,8 +589,8 @@ __device__ __forceinline__ void place_pair_rows(const DispatchParams& p, const c
 
 // The rows of this warp: an even share of the flat numbering, warps taken
 // block by block in turn so that a few rows still spread over the SMs.
-__device__ __forceinline__ void place_rows(const DispatchParams& p, const char* local, uint32_t seq, int parity,
-                                           const int32_t* first_row, const int32_t* source_tokens) {
+__device__ __forceinline__ void place_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
+                                           int parity, const int32_t* first_row, const int32_t* source_tokens) {
   const int E = p.args.num_experts, lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
@@ -615,11 +618,11 @@ __device__ __forceinline__ void place_rows(const DispatchParams& p, const char* 
 // One call's receive, on every thread of the grid. Block 0 zeroes the counts
 // two calls on will add to. The receive's call number advances at the end,
 // and the send's where this launch ran the send too (`send_seq` nonzero).
-__device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
+__device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, const NvlinkTransport& tr, uint32_t seq,
                                           uint32_t send_seq) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kWarps];
-  __shared__ int32_t source_tokens[kMaxRanks];
+  __shared__ int32_t source_tokens[kMaxGroupRanks];
   __shared__ uint32_t failed_sources, weightless_sources;
   if (threadIdx.x == 0) failed_sources = weightless_sources = 0;
   __syncthreads();
@@ -664,8 +667,8 @@ __device__ __forceinline__ void recv_call(const DispatchParams& p, const NvlinkT
 // at once (a GPU no other rank of the group shares): a block that has sent
 // waits for every source, this rank's own blocks among them.
 __global__ void __launch_bounds__(kThreads, 1)
-    dispatch_kernel(const __grid_constant__ DispatchParams p, const int phases) {
-  __shared__ void* table[kMaxRanks];
+    dispatch_kernel(const __grid_constant__ LowLatencyDispatchParams p, const int phases) {
+  __shared__ void* table[kMaxGroupRanks];
   const NvlinkTransport tr = block_transport(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
@@ -678,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (phases & kPhaseReceive) recv_call(p, tr, recv_seq, send_seq);
 }
 
-DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& region, const Group& group) {
+LowLatencyDispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& region, const Group& group) {
   return {args, region, group, make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
 }
 
@@ -686,7 +689,7 @@ DispatchParams make_params(const LowLatencyDispatchArgs& args, const Region& reg
 
 void launch_dispatch(const LowLatencyDispatchArgs& args, const Region& region, const Group& group,
                      LowLatencyPhase phase, cudaStream_t stream) {
-  const DispatchParams p = make_params(args, region, group);
+  const LowLatencyDispatchParams p = make_params(args, region, group);
   if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
     dispatch_kernel<<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
   } else {

@@ -15,8 +15,8 @@ namespace turnout::kernels::low_latency {
 
 // Where a rank's kernels reach the group.
 struct Group {
-  void* regions[kMaxRanks] = {};  // every NVL peer's low-latency region, by value: no table load before a put
-  int rank = 0;                   // this rank's index in the table
+  void* regions[kMaxGroupRanks] = {};  // every NVL peer's low-latency region, by value: no table load before a put
+  int rank = 0;                        // this rank's index in the table
   int num_ranks = 0;
   int num_blocks = 1;  // at most the rank's SM budget: receives spin, peers need SMs too
   // No other rank of the group runs on this GPU: every block of a grid is

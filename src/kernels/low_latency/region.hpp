@@ -26,10 +26,10 @@
 
 namespace turnout::kernels::low_latency {
 
-inline constexpr int kMaxTopk = kLowLatencyMaxTopk;
-inline constexpr int kMaxRanks = kMaxNvlRanks;
+// The ranks of a low-latency group: today its one NVL domain.
+inline constexpr int kMaxGroupRanks = kMaxNvlRanks;
 inline constexpr int kMaxLocalExperts = kLowLatencyMaxExperts;  // one rank may hold them all
-inline constexpr int kGroup = kLowLatencyScaleGroup;
+inline constexpr int kScaleGroup = kLowLatencyScaleGroup;
 
 // More than any grid has blocks: block 0 adds the rest of it.
 inline constexpr uint32_t kArrivalsPerCall = 1u << 12;
@@ -58,8 +58,8 @@ struct LocalState {
   uint32_t pad[3];
   // Shrink mode: per peer, whether the last call that judged it counted it
   // (call * 2 + counted), so that every block of a call agrees.
-  uint32_t dispatch_verdict[kMaxRanks];
-  uint32_t combine_verdict[kMaxRanks];
+  uint32_t dispatch_verdict[kMaxGroupRanks];
+  uint32_t combine_verdict[kMaxGroupRanks];
 };
 
 // Slot [parity][s] of a destination, written by source rank s.
@@ -87,9 +87,9 @@ struct CombineSignal {
 
 struct FixedArea {
   LocalState local;
-  DispatchSignal dispatch[2][kMaxRanks];
-  CombineSignal combine[2][kMaxRanks];
-  int32_t counts[kCountSets][kMaxRanks][kMaxLocalExperts];
+  DispatchSignal dispatch[2][kMaxGroupRanks];
+  CombineSignal combine[2][kMaxGroupRanks];
+  int32_t counts[kCountSets][kMaxGroupRanks][kMaxLocalExperts];
 };
 
 inline constexpr int64_t kFixedBytes = align_up(sizeof(FixedArea), 4096);
@@ -103,9 +103,9 @@ struct MessageHeader {
   int32_t token;
   int32_t num_entries;  // distinct experts of the token on the destination, in top-k order
   int32_t pad;
-  int16_t local_expert[kMaxTopk];
-  uint16_t slots[kMaxTopk];  // the top-k slots naming that expert (bit k: slot k)
-  float weight[kMaxTopk];    // with dispatch weights: the sum over those slots
+  int16_t local_expert[kLowLatencyMaxTopk];
+  uint16_t slots[kLowLatencyMaxTopk];  // the top-k slots naming that expert (bit k: slot k)
+  float weight[kLowLatencyMaxTopk];    // with dispatch weights: the sum over those slots
 };
 static_assert(sizeof(MessageHeader) == 144);
 
@@ -122,7 +122,7 @@ __host__ __device__ constexpr int64_t combine_meta_offset(int hidden) {
   return align_up(int64_t(hidden) * 2, 16);
 }
 __host__ __device__ constexpr int64_t combine_row_bytes(int hidden) {
-  return align_up(combine_meta_offset(hidden) + 4 * ((int64_t(hidden) + kGroup - 1) / kGroup), 16);
+  return align_up(combine_meta_offset(hidden) + 4 * ((int64_t(hidden) + kScaleGroup - 1) / kScaleGroup), 16);
 }
 
 // A source's combine weights for one token, as an expert rank reads them: per
@@ -144,7 +144,7 @@ struct Region {
   int64_t combine_row = 0;        // bytes of one combine slot
   int64_t dispatch_data[2] = {};  // [R][M] message slots, [s][t] written by rank s
   int64_t combine_data[2] = {};   // [M][R] rows, [t][d] written by expert rank d
-  int64_t weights[2] = {};        // [R][M][kMaxTopk] TaggedWeight, [s][t] written by rank s
+  int64_t weights[2] = {};        // [R][M][kLowLatencyMaxTopk] TaggedWeight, [s][t] written by rank s
   int64_t total = 0;
 
   __host__ __device__ int64_t dispatch_slot(int parity, int source, int token) const {
@@ -154,7 +154,8 @@ struct Region {
     return combine_data[parity] + (int64_t(token) * num_ranks + expert_rank) * combine_row;
   }
   __host__ __device__ int64_t weights_slot(int parity, int source, int token) const {
-    return weights[parity] + (int64_t(source) * num_max_tokens + token) * kMaxTopk * int64_t(sizeof(TaggedWeight));
+    return weights[parity] +
+           (int64_t(source) * num_max_tokens + token) * kLowLatencyMaxTopk * int64_t(sizeof(TaggedWeight));
   }
 };
 
@@ -175,7 +176,7 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
   };
   for (int p = 0; p < 2; ++p) r.dispatch_data[p] = take(R * M * r.message);
   for (int p = 0; p < 2; ++p) r.combine_data[p] = take(M * R * r.combine_row);
-  for (int p = 0; p < 2; ++p) r.weights[p] = take(R * M * kMaxTopk * int64_t(sizeof(TaggedWeight)));
+  for (int p = 0; p < 2; ++p) r.weights[p] = take(R * M * kLowLatencyMaxTopk * int64_t(sizeof(TaggedWeight)));
   r.total = at;
   return r;
 }
@@ -201,9 +202,9 @@ struct Plan {
   int64_t recv_count = 0;     // int32 [L]
   int64_t source_tokens = 0;  // int32 [R]: T of each source rank
   int64_t token_entries = 0;  // int32 [R][M]: rows received for (s, t); 0 = none
-  int64_t token_rows = 0;     // int32 [R][M][kMaxTopk]: their row numbers (l * M*R + row), in top-k order
-  int64_t token_slots = 0;    // uint16 [R][M][kMaxTopk]: the top-k slots of each (bit k: slot k)
-  int64_t token_weights = 0;  // float [R][M][kMaxTopk]: their weights (with dispatch weights)
+  int64_t token_rows = 0;     // int32 [R][M][kLowLatencyMaxTopk]: their row numbers (l * M*R + row), in top-k order
+  int64_t token_slots = 0;    // uint16 [R][M][kLowLatencyMaxTopk]: the top-k slots of each (bit k: slot k)
+  int64_t token_weights = 0;  // float [R][M][kLowLatencyMaxTopk]: their weights (with dispatch weights)
   int64_t total = 0;
 };
 
@@ -223,9 +224,9 @@ __host__ __device__ inline Plan make_plan(int num_max_tokens, int num_ranks, int
   p.recv_count = take(L * 4);
   p.source_tokens = take(R * 4);
   p.token_entries = take(R * M * 4);
-  p.token_rows = take(R * M * kMaxTopk * 4);
-  p.token_slots = take(R * M * kMaxTopk * 2);
-  p.token_weights = take(R * M * kMaxTopk * 4);
+  p.token_rows = take(R * M * kLowLatencyMaxTopk * 4);
+  p.token_slots = take(R * M * kLowLatencyMaxTopk * 2);
+  p.token_weights = take(R * M * kLowLatencyMaxTopk * 4);
   p.total = at;
   return p;
 }
