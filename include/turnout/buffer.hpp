@@ -19,6 +19,10 @@ namespace turnout {
 
 // Seconds, from TURNOUT_TIMEOUT_S if set (and valid), else 100.
 double default_timeout_s();
+// The declared NVL domain size from TURNOUT_NVL_DOMAIN_SIZE (0 when unset:
+// the ranks of a host); throws InvalidArgument on a value that is no
+// positive integer.
+int default_nvl_domain_size();
 // Seconds a shrink-mode wait gives a peer before masking it, from
 // TURNOUT_SHRINK_TIMEOUT_S if set (and valid), else 5.
 double default_shrink_timeout_s();
@@ -27,8 +31,11 @@ struct BufferOptions {
   size_t num_nvl_bytes = 0;
   size_t num_rdma_bytes = 0;
   bool low_latency_mode = false;
-  double timeout_s = 0;     // <= 0: default_timeout_s()
-  int nvl_domain_size = 0;  // > 0: declare smaller NVL domains than the hosts
+  double timeout_s = 0;  // <= 0: default_timeout_s()
+  // > 0: declare NVL domains smaller than the hosts, to emulate several hosts
+  // on one (0: TURNOUT_NVL_DOMAIN_SIZE if set, else the ranks of a host).
+  // Every rank declares the same.
+  int nvl_domain_size = 0;
   // Shrink mode: a peer that does not answer a low-latency call or a clean
   // within shrink_timeout_s is masked on this rank and the call goes on
   // without it (see the mask ops below).

@@ -27,7 +27,8 @@ class Buffer:
     Construction is collective: every rank of ``group`` (or ``comm``) creates its
     Buffer at the same time. ``timeout_s`` (ours) bounds every wait for a peer;
     default ``TURNOUT_TIMEOUT_S`` or 100 s. ``nvl_domain_size`` (ours) declares
-    NVL domains smaller than a host.
+    NVL domains smaller than a host (default ``TURNOUT_NVL_DOMAIN_SIZE``, else
+    the host), to emulate several hosts on one; every rank declares the same.
 
     ``low_latency_mode=True`` adds the low-latency region, ``num_rdma_bytes``
     bytes of it (from ``get_low_latency_rdma_size_hint``); it runs over NVLink

@@ -29,6 +29,7 @@ constexpr double kHostGraceS = 2.0;
 
 struct RankInfo {
   uint64_t host_id;
+  int64_t nvl_domain_size;  // declared (0: the host)
   uint64_t num_nvl_bytes;
   uint64_t num_rdma_bytes;
   RankGpu gpu;
@@ -58,6 +59,16 @@ double default_shrink_timeout_s() {
   return seconds_from_env("TURNOUT_SHRINK_TIMEOUT_S", kDefaultShrinkTimeoutS);
 }
 
+int default_nvl_domain_size() {
+  const char* env = std::getenv("TURNOUT_NVL_DOMAIN_SIZE");
+  if (!env || !*env) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (*end != '\0' || v < 1 || v > (1 << 20))
+    throw InvalidArgument(std::string("TURNOUT_NVL_DOMAIN_SIZE must be a positive number of ranks, got '") + env + "'");
+  return static_cast<int>(v);
+}
+
 BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     : options_(options),
       timeout_s_(options.timeout_s > 0 ? options.timeout_s : default_timeout_s()),
@@ -66,7 +77,9 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   if (!std::isfinite(shrink_timeout_s_)) throw InvalidArgument("Buffer: shrink_timeout_s must be finite");
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
 
-  const RankInfo mine{local_host_id(), options.num_nvl_bytes, options.num_rdma_bytes, local_rank_gpu(device_)};
+  const int declared = options.nvl_domain_size > 0 ? options.nvl_domain_size : default_nvl_domain_size();
+  const RankInfo mine{local_host_id(), declared, options.num_nvl_bytes, options.num_rdma_bytes,
+                      local_rank_gpu(device_)};
   const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
   std::vector<RankInfo> all(bootstrap.size());
   std::memcpy(all.data(), gathered.data(), all.size() * sizeof(RankInfo));
@@ -80,9 +93,15 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
       throw InvalidArgument("Buffer: num_rdma_bytes differs between ranks: rank " + std::to_string(r) + " passed " +
                             std::to_string(all[r].num_rdma_bytes) + ", rank " + std::to_string(bootstrap.rank()) +
                             " passed " + std::to_string(mine.num_rdma_bytes));
+    if (all[r].nvl_domain_size != mine.nvl_domain_size)
+      throw InvalidArgument(
+          "Buffer: the declared NVL domain size (nvl_domain_size or TURNOUT_NVL_DOMAIN_SIZE) differs "
+          "between ranks: rank " +
+          std::to_string(r) + " declared " + std::to_string(all[r].nvl_domain_size) + ", rank " +
+          std::to_string(bootstrap.rank()) + " declared " + std::to_string(mine.nvl_domain_size) + " (0: the host)");
     host_ids.push_back(all[r].host_id);
   }
-  topology_ = make_topology(bootstrap.rank(), host_ids, options.nvl_domain_size);
+  topology_ = make_topology(bootstrap.rank(), host_ids, declared);
   if (options.low_latency_mode && topology_.num_nvl_ranks != topology_.num_ranks)
     throw NotSupported(
         "Buffer: low_latency_mode needs every rank in one NVL domain (one host) in this version of "

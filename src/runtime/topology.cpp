@@ -19,8 +19,9 @@ Topology make_topology(int rank, std::span<const uint64_t> host_ids, int forced_
   while (nvl < num_ranks && host_ids[nvl] == host_ids[0]) ++nvl;
   if (forced_nvl_ranks > 0) {
     if (forced_nvl_ranks > nvl || nvl % forced_nvl_ranks != 0)
-      throw InvalidArgument("nvl_domain_size " + std::to_string(forced_nvl_ranks) + " must divide the " +
-                            std::to_string(nvl) + " ranks of one host");
+      throw InvalidArgument("the declared NVL domain size (nvl_domain_size or TURNOUT_NVL_DOMAIN_SIZE) " +
+                            std::to_string(forced_nvl_ranks) + " must divide the " + std::to_string(nvl) +
+                            " ranks of one host");
     nvl = forced_nvl_ranks;
   }
   if (num_ranks % nvl != 0)
