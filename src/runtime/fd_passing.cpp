@@ -25,12 +25,18 @@
 #include <system_error>
 #include <thread>
 
+#include "runtime/socket_wait.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using net::Clock;
+using net::deadline_after;
+using net::errno_text;
+using net::ms_left;
+using net::ranks_text;
+using net::wait_fd;
 using std::chrono::milliseconds;
 
 constexpr uint32_t kMagic = 0x54464431;  // "TFD1": bump the digit when the wire format changes
@@ -53,43 +59,8 @@ std::string who(int rank) {
   return "FdExchange rank " + std::to_string(rank) + ": ";
 }
 
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
-
 std::string name_of(const FdAddress& address) {
   return std::string(address.name.data(), strnlen(address.name.data(), address.name.size()));
-}
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-Clock::time_point deadline_after(milliseconds timeout) {
-  const auto now = Clock::now();
-  // A huge timeout means "wait forever"; adding it to now would overflow.
-  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now))
-    return Clock::time_point::max();
-  return now + timeout;
-}
-
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<decltype(left)>(left, 0, INT_MAX));
-}
-
-// 0 when `fd` is ready (errors and hang-ups count: the next call reports
-// them), ETIMEDOUT at the deadline, else the errno of poll().
-int wait_fd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int rc = poll(&p, 1, ms_left(deadline));
-    if (rc > 0) return 0;
-    if (rc == 0 && Clock::now() >= deadline) return ETIMEDOUT;
-    if (rc < 0 && errno != EINTR) return errno;
-  }
 }
 
 UniqueFd unix_socket(int rank) {
@@ -208,7 +179,7 @@ void serve(const Ctx& c, int listener, int stop, int fd, uint64_t key, std::vect
 // A wait_fd() failure while talking to `peer`.
 [[noreturn]] void throw_wait(const Ctx& c, int rc, const char* step, const FdPeer& peer) {
   const std::string what = std::string(step) + " rank " + std::to_string(peer.rank);
-  if (rc == ETIMEDOUT)
+  if (rc == net::kTimedOut)
     throw TimeoutError(who(c.rank) + "timed out after " + std::to_string(c.timeout.count()) + " ms " + what);
   throw Error(who(c.rank) + "poll failed " + what + ": " + errno_text(rc));
 }

@@ -29,12 +29,19 @@
 #include <thread>
 
 #include "turnout/bootstrap.hpp"
+#include "runtime/socket_wait.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using net::Clock;
+using net::deadline_after;
+using net::errno_text;
+using net::kTimedOut;
+using net::ms_left;
+using net::ranks_text;
+using net::wait_fd;
 using std::chrono::milliseconds;
 
 constexpr uint32_t kMagic = 0x54524e31;  // "TRN1": bump the digit when the wire format changes
@@ -46,9 +53,8 @@ constexpr size_t kFrameBytes = 12;
 constexpr size_t kLengthBytes = 8;
 constexpr uint64_t kMaxMessageBytes = 1 << 16;  // longer error texts are truncated
 
-// Results of the I/O helpers besides 0 (done) and a positive errno.
+// Results of the I/O helpers besides 0 (done), net::kTimedOut and a positive errno.
 constexpr int kClosed = -1;
-constexpr int kTimedOut = -2;
 
 // What every error message needs: who we are and how long we waited.
 struct Ctx {
@@ -74,16 +80,6 @@ std::string who(int rank) {
   return "TcpBootstrap rank " + std::to_string(rank) + ": ";
 }
 
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 std::string addr_text(const sockaddr_in& addr) {
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
@@ -102,30 +98,6 @@ std::string addr_text(const sockaddr_in& addr) {
   if (code == kClosed)
     throw Error(who(c.rank) + "rank " + std::to_string(peer) + " closed the connection during " + step);
   throw Error(who(c.rank) + step + " with rank " + std::to_string(peer) + " failed: " + errno_text(code));
-}
-
-Clock::time_point deadline_after(milliseconds timeout) {
-  const auto now = Clock::now();
-  // A huge timeout means "wait forever"; adding it to now would overflow.
-  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now))
-    return Clock::time_point::max();
-  return now + timeout;
-}
-
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<decltype(left)>(left, 0, INT_MAX));
-}
-
-// Errors and hang-ups count as ready: the next recv/send reports them.
-int wait_fd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int rc = poll(&p, 1, ms_left(deadline));
-    if (rc > 0) return 0;
-    if (rc == 0 && Clock::now() >= deadline) return kTimedOut;
-    if (rc < 0 && errno != EINTR) return errno;
-  }
 }
 
 int read_exact(int fd, void* buf, size_t n, Clock::time_point deadline) {
