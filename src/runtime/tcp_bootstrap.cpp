@@ -28,8 +28,8 @@
 #include <system_error>
 #include <thread>
 
-#include "turnout/bootstrap.hpp"
 #include "runtime/socket_wait.hpp"
+#include "turnout/bootstrap.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout {

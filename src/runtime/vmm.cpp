@@ -67,13 +67,7 @@ VmmMemory VmmMemory::create(int device, size_t bytes) {
   m.size_ = (bytes + g - 1) / g * g;
   TURNOUT_CU_CHECK(cu.cuMemCreate(&m.handle_, m.size_, &prop, 0));
   m.owns_handle_ = true;
-  TURNOUT_CU_CHECK(cu.cuMemAddressReserve(&m.ptr_, m.size_, g, 0, 0));
-  TURNOUT_CU_CHECK(cu.cuMemMap(m.ptr_, m.size_, 0, m.handle_, 0));
-  m.mapped_ = true;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  TURNOUT_CU_CHECK(cu.cuMemSetAccess(m.ptr_, m.size_, &access, 1));
+  m.map(g, prop.location);
   return m;
 }
 
@@ -86,19 +80,24 @@ VmmMemory VmmMemory::import(int fd, size_t bytes, int device) {
   TURNOUT_CU_CHECK(cu.cuMemImportFromShareableHandle(&m.handle_, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   m.owns_handle_ = true;
-  TURNOUT_CU_CHECK(cu.cuMemAddressReserve(&m.ptr_, m.size_, granularity(cu, prop), 0, 0));
-  TURNOUT_CU_CHECK(cu.cuMemMap(m.ptr_, m.size_, 0, m.handle_, 0));
-  m.mapped_ = true;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  TURNOUT_CU_CHECK(cu.cuMemSetAccess(m.ptr_, m.size_, &access, 1));
+  m.map(granularity(cu, prop), prop.location);
   // The mapping holds the memory from here on; our handle would only keep it
   // alive past our unmap.
   m.owns_handle_ = false;
   TURNOUT_CU_CHECK(cu.cuMemRelease(m.handle_));
   m.handle_ = 0;
   return m;
+}
+
+void VmmMemory::map(size_t alignment, const CUmemLocation& location) {
+  const DriverApi& cu = driver_api();
+  TURNOUT_CU_CHECK(cu.cuMemAddressReserve(&ptr_, size_, alignment, 0, 0));
+  TURNOUT_CU_CHECK(cu.cuMemMap(ptr_, size_, 0, handle_, 0));
+  mapped_ = true;
+  CUmemAccessDesc access{};
+  access.location = location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  TURNOUT_CU_CHECK(cu.cuMemSetAccess(ptr_, size_, &access, 1));
 }
 
 UniqueFd VmmMemory::export_fd() const {

@@ -46,6 +46,10 @@ class VmmMemory {
   void reset() noexcept;
 
  private:
+  // After handle_ and size_ are set: reserves a range aligned to `alignment`,
+  // maps the allocation there and lets `location` read and write it.
+  void map(size_t alignment, const CUmemLocation& location);
+
   CUdeviceptr ptr_ = 0;  // nonzero: the range is reserved
   size_t size_ = 0;
   CUmemGenericAllocationHandle handle_ = 0;
