@@ -3,13 +3,13 @@
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/nvshmem_env.hpp"
 #include "runtime/nvshmem_loader.hpp"
 #include "turnout/error.hpp"
 
@@ -62,15 +62,6 @@ class ProcessClaim {
 
   bool held_ = false;
 };
-
-// Defaults for NVSHMEM's environment, set before it reads any; a value the
-// user set wins (overwrite = 0). Not set: NVSHMEM_BOOTSTRAP, since the init
-// flag NVSHMEMX_INIT_WITH_UNIQUEID already picks the unique-id bootstrap.
-void set_environment_defaults() {
-  // NVLink SHARP multicast stays off: turnout uses no multicast, and setting
-  // it up takes memory and fabric resources a job may not have.
-  setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
-}
 
 // Why a rank cannot take part, all-gathered so that every rank stops alike.
 enum class Refusal : uint8_t { kNone, kWindowOpen, kNoDevice, kNoLibrary, kInitializedElsewhere, kNoUniqueId };
@@ -201,10 +192,12 @@ void NvshmemAllocation::reset() noexcept {
   session_.reset();  // the last owner finalizes, after the free above
 }
 
-NvshmemWindow::NvshmemWindow(Bootstrap& bootstrap) {
+NvshmemWindow::NvshmemWindow(Bootstrap& bootstrap, const NvshmemSettings& settings) {
   const int rank = bootstrap.rank();
   const int size = bootstrap.size();
-  set_environment_defaults();
+  // Before init, which reads them. Not set: NVSHMEM_BOOTSTRAP, since the init
+  // flag NVSHMEMX_INIT_WITH_UNIQUEID already picks the unique-id bootstrap.
+  apply_nvshmem_env_defaults(settings);
 
   // A refusal is all-gathered before it is thrown, so that no rank is left
   // waiting in NVSHMEM's init for one that stopped.

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "runtime/nvshmem_env.hpp"
 #include "turnout/bootstrap.hpp"
 
 namespace turnout {
@@ -58,7 +59,9 @@ class NvshmemWindow {
   // libturnout_nvshmem.so, no CUDA device, NVSHMEM already initialized by
   // someone else, no unique id on rank 0), every rank throws before NVSHMEM
   // is initialized: the failing ranks say why, the others name them.
-  explicit NvshmemWindow(Bootstrap& bootstrap);
+  // `settings` become defaults of NVSHMEM's environment (nvshmem_env.hpp);
+  // variables the user set win.
+  explicit NvshmemWindow(Bootstrap& bootstrap, const NvshmemSettings& settings = {});
   // Finalizes NVSHMEM once the last allocation is also gone (collective).
   ~NvshmemWindow();
   NvshmemWindow(const NvshmemWindow&) = delete;
