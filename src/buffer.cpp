@@ -11,6 +11,7 @@
 #include "ops/layout/layout.hpp"
 #include "ops/low_latency/low_latency.hpp"
 #include "ops/peer_copy.hpp"
+#include "turnout/error.hpp"
 
 namespace turnout {
 
@@ -22,8 +23,19 @@ struct Buffer::State {
   intranode::CountsMailbox intranode;
 };
 
+namespace {
+
+// What the core does not check itself, before it is built.
+const BufferOptions& checked(const BufferOptions& options) {
+  if (options.num_qps_per_rank < 1)
+    throw InvalidArgument("Buffer: num_qps_per_rank must be >= 1, got " + std::to_string(options.num_qps_per_rank));
+  return options;
+}
+
+}  // namespace
+
 Buffer::Buffer(Bootstrap& bootstrap, const BufferOptions& options)
-    : state_(std::make_unique<State>(bootstrap, options)) {}
+    : state_(std::make_unique<State>(bootstrap, checked(options))) {}
 
 Buffer::~Buffer() {
   try {

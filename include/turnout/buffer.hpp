@@ -32,6 +32,13 @@ struct BufferOptions {
   size_t num_rdma_bytes = 0;
   bool low_latency_mode = false;
   double timeout_s = 0;  // <= 0: default_timeout_s()
+  // Across NVL domains (NVSHMEM): IBGDA queue pairs per peer rank (>= 1).
+  int num_qps_per_rank = 24;
+  // Across NVL domains: false sends every low-latency peer through NVSHMEM,
+  // also the peers within this rank's NVL domain.
+  bool allow_nvlink_for_low_latency_mode = true;
+  // Across NVL domains: let NVSHMEM use multi-node NVLink.
+  bool allow_mnnvl = false;
   // > 0: declare NVL domains smaller than the hosts, to emulate several hosts
   // on one (0: TURNOUT_NVL_DOMAIN_SIZE if set, else the ranks of a host).
   // Every rank declares the same.

@@ -26,7 +26,8 @@ FunctionBootstrap::AllGather python_all_gather(nb::callable fn) {
 
 void construct(Buffer* self, int rank, int size, nb::callable all_gather, int device, size_t num_nvl_bytes,
                size_t num_rdma_bytes, bool low_latency_mode, double timeout_s, int nvl_domain_size,
-               uintptr_t comm_stream, bool enable_shrink, double shrink_timeout_s) {
+               uintptr_t comm_stream, bool enable_shrink, double shrink_timeout_s, int num_qps_per_rank,
+               bool allow_nvlink_for_low_latency_mode, bool allow_mnnvl) {
   TURNOUT_CUDA_CHECK(cudaSetDevice(device));
   FunctionBootstrap bootstrap(rank, size, python_all_gather(std::move(all_gather)));
   BufferOptions options;
@@ -38,6 +39,9 @@ void construct(Buffer* self, int rank, int size, nb::callable all_gather, int de
   options.comm_stream = stream(comm_stream);
   options.enable_shrink = enable_shrink;
   options.shrink_timeout_s = shrink_timeout_s;
+  options.num_qps_per_rank = num_qps_per_rank;
+  options.allow_nvlink_for_low_latency_mode = allow_nvlink_for_low_latency_mode;
+  options.allow_mnnvl = allow_mnnvl;
   new (self) Buffer(bootstrap, options);
 }
 
@@ -60,7 +64,8 @@ BufferClass bind_buffer(nb::module_& m) {
   buffer
       .def("__init__", &construct, "rank"_a, "size"_a, "all_gather"_a, "device"_a, "num_nvl_bytes"_a,
            "num_rdma_bytes"_a, "low_latency_mode"_a, "timeout_s"_a, "nvl_domain_size"_a, "comm_stream"_a,
-           "enable_shrink"_a = false, "shrink_timeout_s"_a = 0.0)
+           "enable_shrink"_a = false, "shrink_timeout_s"_a = 0.0, "num_qps_per_rank"_a = 24,
+           "allow_nvlink_for_low_latency_mode"_a = true, "allow_mnnvl"_a = false)
       .def_prop_ro("rank", [](const Buffer& b) { return b.topology().rank; })
       .def_prop_ro("num_ranks", [](const Buffer& b) { return b.topology().num_ranks; })
       .def_prop_ro("num_nvl_ranks", [](const Buffer& b) { return b.topology().num_nvl_ranks; })

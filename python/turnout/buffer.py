@@ -31,9 +31,12 @@ class Buffer:
     the host), to emulate several hosts on one; every rank declares the same.
 
     ``low_latency_mode=True`` adds the low-latency region, ``num_rdma_bytes``
-    bytes of it (from ``get_low_latency_rdma_size_hint``); it runs over NVLink
-    within one host, so ``num_qps_per_rank`` and
-    ``allow_nvlink_for_low_latency_mode`` change nothing.
+    bytes of it (from ``get_low_latency_rdma_size_hint``). When the group spans
+    several NVL domains, peers in other domains are reached through NVSHMEM:
+    ``num_qps_per_rank`` is its IBGDA queue pairs per peer,
+    ``allow_nvlink_for_low_latency_mode=False`` sends every peer through
+    NVSHMEM, those of this rank's domain too, and ``allow_mnnvl`` lets NVSHMEM
+    use multi-node NVLink. Within one NVL domain these change nothing.
     """
 
     #: SMs the normal kernels use by default (``set_num_sms`` changes it).
@@ -79,7 +82,10 @@ class Buffer:
                                  low_latency_mode=low_latency_mode, timeout_s=float(timeout_s or 0.0),
                                  nvl_domain_size=nvl_domain_size, comm_stream=self._comm_stream.cuda_stream,
                                  enable_shrink=bool(enable_shrink),
-                                 shrink_timeout_s=float(shrink_timeout_s or 0.0))
+                                 shrink_timeout_s=float(shrink_timeout_s or 0.0),
+                                 num_qps_per_rank=num_qps_per_rank,
+                                 allow_nvlink_for_low_latency_mode=bool(allow_nvlink_for_low_latency_mode),
+                                 allow_mnnvl=bool(allow_mnnvl))
         self._context = OpContext(self._native, device, size, self._comm_stream)
         if low_latency_mode:
             ring = _C.EventRing(device=device, size=low_latency.EVENT_RING_SIZE)

@@ -65,6 +65,13 @@ def test_bad_sizes_raise_naming_the_argument():
         Buffer(object(), low_latency_mode=True)
 
 
+def test_bad_internode_options_raise_naming_the_argument():
+    with pytest.raises(ValueError, match="num_qps_per_rank"):
+        Buffer(object(), num_qps_per_rank=0)
+    with pytest.raises(TypeError, match="num_qps_per_rank"):
+        Buffer(object(), num_qps_per_rank=2.0)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_buffer_without_gpu_says_so():
     with pytest.raises(RuntimeError, match="CUDA"):
