@@ -24,11 +24,14 @@ rank, the JSON the fastest too.
   32 mixed calls made with ``torch.set_default_device("cuda")`` and
   ``torch.set_default_dtype(torch.bfloat16)`` set, as DeepEP's test harness sets
   them. The second must stay within 10 us of the first.
-- Bytes on the wire per rank and call, counted from the routing (``wire``).
+- Bytes and messages on the wire per rank and call, counted from the routing
+  (``wire``): to every other rank, or with ``TURNOUT_NVL_DOMAIN_SIZE`` set to
+  the ranks of other NVL domains only.
 
 Every timed round starts aligned: the GPU sleeps while the host queues the
 round, then all ranks meet in a device barrier. So the events time GPU work,
 not the host's launches nor a peer's late start."""
+import os
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -55,6 +58,8 @@ COLUMNS = [
     column("ours KiB", "ours_bytes", "{:.1f}", scale=1024),
     column("per-(token,expert) KiB", "ref_bytes", "{:.1f}", scale=1024),
     column("ratio", "ratio", "{:.3f}"),
+    column("ours msgs", "ours_messages", "{:.0f}"),
+    column("per-(token,expert) msgs", "ref_messages", "{:.0f}"),
     column("max ratio", "ratio_max", "{:.3f}"),
     column("target", "target"),
     column("verdict", "verdict"),
@@ -352,6 +357,13 @@ def long_running_pair(s: Setup) -> float:
         torch.set_default_device(device)
 
 
+def wire_domain_size(s: Setup) -> Optional[int]:
+    """The NVL domain size the wire rows count with: the buffer's where
+    TURNOUT_NVL_DOMAIN_SIZE declares one, else None (every other rank), since
+    one host's ranks would otherwise put nothing on the wire."""
+    return s.buffer._native.num_nvl_ranks if os.environ.get("TURNOUT_NVL_DOMAIN_SIZE") else None
+
+
 def make_row(kind: str, op: str, mode: str, **values) -> Dict:
     prefix = {"gpu": "", "host": "host: ", "wire": "wire: "}[kind]
     return dict({"bench": "low_latency", "kind": kind, "op": op, "figure": prefix + op, "mode": mode}, **values)
@@ -399,7 +411,8 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     progress.close()
 
     wire = [make_row("wire", w.pop("op"), "from topk_idx", pairs_note=PAIRS_NOTE, **w)
-            for w in wire_bytes(s.topk_idx.tolist(), rank, world_size, shape["experts"], shape["hidden"])]
+            for w in wire_bytes(s.topk_idx.tolist(), rank, world_size, shape["experts"], shape["hidden"],
+                                wire_domain_size(s))]
     return [dict(r, **shape) for r in gpu + host + wire]
 
 
@@ -471,7 +484,8 @@ def run(num_ranks: Optional[int], quick: bool, **shape: int) -> List[Dict]:
     world_size = num_ranks or torch.cuda.device_count()
     check_shape(shape, world_size)
     per_rank = run_on_local_gpus(measure, (quick, shape), num_ranks, "nccl")
-    rows = merge_ranks(per_rank, "time_us", "host_us_after_sync", "ours_bytes", "ref_bytes", "ratio")
+    rows = merge_ranks(per_rank, "time_us", "host_us_after_sync", "ours_bytes", "ref_bytes", "ratio",
+                       "ours_messages", "ref_messages", "message_ratio")
     return finish(rows, world_size, gpus_shared(world_size))
 
 
