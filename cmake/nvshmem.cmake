@@ -105,8 +105,12 @@ else()
 endif()
 
 if(TURNOUT_NVSHMEM_FOUND)
-  add_library(turnout_nvshmem SHARED src/nvshmem/api.cpp src/nvshmem/ring_test.cu)
-  target_include_directories(turnout_nvshmem PRIVATE src)
+  # The low-latency kernels are compiled again here, on NVSHMEM's transport;
+  # error.cpp gives their launch checks the core's exception, caught at the
+  # table's boundary.
+  add_library(turnout_nvshmem SHARED src/nvshmem/api.cpp src/nvshmem/ring_test.cu src/nvshmem/low_latency.cu
+    src/runtime/error.cpp)
+  target_include_directories(turnout_nvshmem PRIVATE src include)
   target_include_directories(turnout_nvshmem SYSTEM PRIVATE "${TURNOUT_NVSHMEM_INCLUDE_DIR}")
   # The device library's host half (nvshmemi_init_thread, which sets up the
   # device state this library's kernels read) and its device half both come
@@ -115,7 +119,7 @@ if(TURNOUT_NVSHMEM_FOUND)
     CUDA::cudart)
   target_compile_options(turnout_nvshmem PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra -lineinfo>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -Xptxas=-v -lineinfo>)
   # In the wheel, turnout/ and nvidia/nvshmem/ sit in one site-packages: the
   # relative entry survives a moved environment, the absolute one a build tree.
   set(turnout_nvshmem_rpath "\$ORIGIN")

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "nvshmem/low_latency.hpp"
 #include "nvshmem/ring_test.hpp"
 #include "runtime/nvshmem_api.h"
 
@@ -145,6 +146,24 @@ int ring_test(int* value, uint64_t* signal, cudaStream_t stream) {
   });
 }
 
+int low_latency_dispatch(const void* args, const void* region, const void* group, int phase, cudaStream_t stream) {
+  return guarded("low_latency_dispatch", [&] {
+    require(args != nullptr && region != nullptr && group != nullptr, "needs args, region and group");
+    launch_low_latency_dispatch(
+        *static_cast<const LowLatencyDispatchArgs*>(args), *static_cast<const kernels::low_latency::Region*>(region),
+        *static_cast<const kernels::low_latency::Group*>(group), static_cast<LowLatencyPhase>(phase), stream);
+  });
+}
+
+int low_latency_combine(const void* args, const void* region, const void* group, int phase, cudaStream_t stream) {
+  return guarded("low_latency_combine", [&] {
+    require(args != nullptr && region != nullptr && group != nullptr, "needs args, region and group");
+    launch_low_latency_combine(
+        *static_cast<const LowLatencyCombineArgs*>(args), *static_cast<const kernels::low_latency::Region*>(region),
+        *static_cast<const kernels::low_latency::Group*>(group), static_cast<LowLatencyPhase>(phase), stream);
+  });
+}
+
 }  // namespace
 }  // namespace turnout::nvshmem
 
@@ -165,6 +184,12 @@ extern "C" __attribute__((visibility("default"))) const turnout_nvshmem_api_v1_t
       .finalize = n::finalize,
       .last_error = n::last_error,
       .ring_test = n::ring_test,
+      .low_latency_dispatch_args_bytes = sizeof(turnout::LowLatencyDispatchArgs),
+      .low_latency_combine_args_bytes = sizeof(turnout::LowLatencyCombineArgs),
+      .low_latency_region_bytes = sizeof(turnout::kernels::low_latency::Region),
+      .low_latency_group_bytes = sizeof(turnout::kernels::low_latency::Group),
+      .low_latency_dispatch = n::low_latency_dispatch,
+      .low_latency_combine = n::low_latency_combine,
   };
   return &table;
 }

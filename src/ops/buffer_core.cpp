@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/launch.hpp"
+#include "kernels/low_latency/launch.hpp"
 #include "runtime/align.hpp"
 #include "runtime/control_region.hpp"
 #include "runtime/sm_budget.hpp"
@@ -102,18 +103,28 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     host_ids.push_back(all[r].host_id);
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, declared);
-  if (options.low_latency_mode && topology_.num_nvl_ranks != topology_.num_ranks)
-    throw NotSupported(
-        "Buffer: low_latency_mode needs every rank in one NVL domain (one host) in this version of "
-        "turnout; this group has " +
-        std::to_string(topology_.num_ranks / topology_.num_nvl_ranks) + " domains");
+  // Low-latency mode reaches a peer out of NVLink reach through NVSHMEM.
+  const bool over_nvshmem = options.low_latency_mode && topology_.num_ranks > 1 &&
+                            (!topology_.single_nvl_domain() || !options.allow_nvlink_for_low_latency_mode);
+  if (over_nvshmem && topology_.num_ranks > kernels::low_latency::kMaxGroupRanks)
+    throw NotSupported("Buffer: low_latency_mode across NVL domains takes at most " +
+                       std::to_string(kernels::low_latency::kMaxGroupRanks) +
+                       " ranks in this version of turnout; this group has " + std::to_string(topology_.num_ranks));
   if (options.low_latency_mode && options.num_rdma_bytes == 0)
     throw InvalidArgument(
         "Buffer: low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint), got 0");
-  std::vector<RankGpu> domain;
-  for (int nvl = 0; nvl < topology_.num_nvl_ranks; ++nvl) domain.push_back(all[topology_.nvl_peer_rank(nvl)].gpu);
-  sm_budget_ = turnout::sm_budget(domain);
-  ranks_on_gpu_ = turnout::ranks_on_gpu(domain, topology_.nvl_rank());
+  // The SMs of a GPU are shared by every rank on it, whatever its declared
+  // domain.
+  std::vector<RankGpu> host;
+  int host_index = 0;
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    if (all[r].host_id != mine.host_id) continue;
+    if (r == bootstrap.rank()) host_index = static_cast<int>(host.size());
+    host.push_back(all[r].gpu);
+  }
+  sm_budget_ = turnout::sm_budget(host);
+  ranks_on_gpu_ = turnout::ranks_on_gpu(host, host_index);
+  first_peer_rank_ = over_nvshmem ? 0 : topology_.nvl_peer_rank(0);
 
   if (options.comm_stream) {
     comm_stream_ = options.comm_stream;
@@ -134,18 +145,54 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   const size_t user_bytes = align_up(static_cast<int64_t>(options.num_nvl_bytes), 4096);
   low_latency_bytes_ =
       options.low_latency_mode ? static_cast<size_t>(align_up(static_cast<int64_t>(options.num_rdma_bytes), 4096)) : 0;
+  const size_t shared_low_latency = over_nvshmem ? 0 : low_latency_bytes_;
   nvl_ =
-      std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes + low_latency_bytes_, timeout_s_);
+      std::make_unique<PeerMemory>(bootstrap, topology_, kControlBytes + user_bytes + shared_low_latency, timeout_s_);
   void* user[kMaxNvlRanks] = {};
   void* low_latency[kMaxNvlRanks] = {};
   for (int i = 0; i < topology_.num_nvl_ranks; ++i) {
     user[i] = static_cast<char*>(nvl_->peer(i)) + kControlBytes;
-    if (low_latency_bytes_) low_latency[i] = static_cast<char*>(user[i]) + user_bytes;
+    if (shared_low_latency) low_latency[i] = static_cast<char*>(user[i]) + user_bytes;
   }
   peer_user_table_ = allocate_device(sizeof(user));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
   for (int i = 0; i < kMaxNvlRanks; ++i) peer_low_latency_[i] = low_latency[i];
   local_low_latency_ = low_latency[topology_.nvl_rank()];
+  if (over_nvshmem) open_low_latency_over_nvshmem(bootstrap);
+}
+
+void BufferCore::open_low_latency_over_nvshmem(Bootstrap& bootstrap) {
+  NvshmemSettings settings;
+  settings.num_qps_per_rank = options_.num_qps_per_rank;
+  settings.allow_mnnvl = options_.allow_mnnvl;
+  settings.symmetric_bytes = low_latency_bytes_;
+  nvshmem_ = std::make_unique<NvshmemWindow>(bootstrap, settings);
+  const NvshmemApi& api = nvshmem_api();
+  if (api.low_latency_dispatch_args_bytes != sizeof(LowLatencyDispatchArgs) ||
+      api.low_latency_combine_args_bytes != sizeof(LowLatencyCombineArgs) ||
+      api.low_latency_region_bytes != sizeof(kernels::low_latency::Region) ||
+      api.low_latency_group_bytes != sizeof(kernels::low_latency::Group))
+    throw NotSupported("Buffer: " + nvshmem_library_path() +
+                       " was built from other sources than this turnout (its low-latency structs differ in size); "
+                       "reinstall turnout");
+  low_latency_nvshmem_ = &api;
+  low_latency_symmetric_ = nvshmem_->alloc(low_latency_bytes_);
+  local_low_latency_ = low_latency_symmetric_.get();
+  // Zeroed on every rank before any rank's first call can write to it.
+  TURNOUT_CUDA_CHECK(cudaMemsetAsync(local_low_latency_, 0, low_latency_bytes_, comm_stream_));
+  nvshmem_->barrier(comm_stream_);
+  synchronize(comm_stream_, "Buffer");
+  const int domain = topology_.rdma_rank();
+  peer_low_latency_.fill(nullptr);
+  for (int r = 0; r < topology_.num_ranks; ++r) {
+    void* near = nullptr;
+    if (r == topology_.rank)
+      near = local_low_latency_;
+    else if (options_.allow_nvlink_for_low_latency_mode && r / topology_.num_nvl_ranks == domain)
+      near = nvshmem_->peer_ptr(local_low_latency_, r);
+    peer_low_latency_[r] = near;
+    if (near == nullptr) low_latency_far_ |= 1u << r;
+  }
 }
 
 void BufferCore::destroy() {
@@ -155,7 +202,8 @@ void BufferCore::destroy() {
   // or in shrink mode, where a survivor must tear down without its dead peers
   // (their mappings of our memory keep it alive until they free theirs).
   cudaError_t st = cudaDeviceSynchronize();
-  if (st == cudaSuccess && !errors_.timed_out() && !options_.enable_shrink && topology_.num_nvl_ranks > 1) {
+  if (st == cudaSuccess && !errors_.timed_out() && !options_.enable_shrink && topology_.num_nvl_ranks > 1 &&
+      !nvshmem_) {
     try {
       barrier(comm_stream_);
       synchronize(comm_stream_, "Buffer.destroy");
@@ -168,6 +216,15 @@ void BufferCore::destroy() {
   mask_.reset();
   peer_low_latency_.fill(nullptr);
   local_low_latency_ = nullptr;
+  low_latency_far_ = 0;
+  low_latency_nvshmem_ = nullptr;
+  // Collective, in this order, on every rank alike (whatever its own calls
+  // saw): the symmetric memory, whose free meets every rank first (each has
+  // synchronized its device above, so no kernel still touches it), then
+  // NVSHMEM itself. Only low-latency ops run on such a buffer, and they never
+  // touch the peer allocation: no NVL barrier before it goes.
+  low_latency_symmetric_.reset();
+  nvshmem_.reset();
   nvl_.reset();
   sync_event_.reset();
   join_event_.reset();
@@ -193,9 +250,9 @@ void* const* BufferCore::peer_nvl_table() const {
 kernels::WaitContext BufferCore::wait_context(OpKind op, bool shrinkable, int patience) const {
   if (shrinkable && options_.enable_shrink)
     return {errors_.device(op, calls_), static_cast<uint64_t>(shrink_timeout_s_ * patience * 1e9), topology_.rank,
-            topology_.nvl_peer_rank(0), static_cast<int32_t*>(mask_.get())};
-  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank,
-          topology_.nvl_peer_rank(0), nullptr};
+            first_peer_rank_, static_cast<int32_t*>(mask_.get())};
+  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank, first_peer_rank_,
+          nullptr};
 }
 
 double BufferCore::host_limit_s() const {
@@ -234,7 +291,7 @@ HostClock::time_point BufferCore::host_deadline(HostClock::time_point start) con
 }
 
 void BufferCore::check_errors(const char* op) {
-  errors_.check(op, topology_.nvl_peer_rank(0), last_dispatch_call_);
+  errors_.check(op, first_peer_rank_, last_dispatch_call_);
 }
 
 void BufferCore::join(cudaStream_t waiter, cudaStream_t waited) {
@@ -269,6 +326,12 @@ void BufferCore::synchronize(cudaStream_t stream, const char* op) {
 void BufferCore::barrier(cudaStream_t stream, bool shrinkable) {
   require_alive("barrier");
   check_errors("barrier");
+  if (nvshmem_) {
+    // Every rank of the group, across domains: NVSHMEM's barrier (it has no
+    // timeout and knows no mask).
+    nvshmem_->barrier(stream);
+    return;
+  }
   begin_call();
   kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks,
                           wait_context(OpKind::kBarrier, shrinkable), stream);

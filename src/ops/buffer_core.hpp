@@ -13,6 +13,8 @@
 #include "runtime/cuda_resources.hpp"
 #include "runtime/device_error.hpp"
 #include "runtime/host_wait.hpp"
+#include "runtime/nvshmem_loader.hpp"
+#include "runtime/nvshmem_window.hpp"
 #include "runtime/peer_memory.hpp"
 #include "turnout/buffer.hpp"
 
@@ -40,12 +42,18 @@ class BufferCore {
   const PeerMemory& nvl() const { return *nvl_; }
   void* local_nvl_buffer() const;
   void* const* peer_nvl_table() const;
-  // Low-latency mode's part of every peer's allocation (num_rdma_bytes,
-  // rounded up; 0 and null without low_latency_mode).
+  // Low-latency mode's region (num_rdma_bytes, rounded up; 0 and null
+  // without low_latency_mode): part of the peer allocation within one NVL
+  // domain, NVSHMEM symmetric memory when the group spans several (or keeps
+  // NVLink out of low-latency mode). Its group is every rank.
   size_t low_latency_bytes() const { return low_latency_bytes_; }
   void* local_low_latency() const { return local_low_latency_; }
-  // NVL peer i's low-latency region (i < num_nvl_ranks).
+  // Rank i's low-latency region as this process reaches it by stores, or
+  // null where only NVSHMEM reaches it (a bit of low_latency_far()).
   void* peer_low_latency(int i) const { return peer_low_latency_[i]; }
+  uint32_t low_latency_far() const { return low_latency_far_; }
+  // The NVSHMEM library's table where low-latency mode runs over NVSHMEM, else null.
+  const NvshmemApi* low_latency_nvshmem() const { return low_latency_nvshmem_; }
   bool timed_out() const { return errors_.timed_out(); }
 
   // Each op starts a call (numbered, so that an error names it); a dispatch
@@ -78,6 +86,9 @@ class BufferCore {
   void barrier(cudaStream_t stream, bool shrinkable = false);
 
  private:
+  // NVSHMEM, the region in its symmetric memory, and which ranks it reaches by stores.
+  void open_low_latency_over_nvshmem(Bootstrap& bootstrap);
+
   BufferOptions options_;
   double timeout_s_;
   double shrink_timeout_s_;
@@ -90,8 +101,17 @@ class BufferCore {
   DeviceErrorWord errors_;
   DeviceMemory mask_;  // shrink mode: int32 per rank
   std::unique_ptr<PeerMemory> nvl_;
+  // Low-latency mode across NVL domains: NVSHMEM, and the region in its
+  // symmetric memory (freed before NVSHMEM is finalized).
+  std::unique_ptr<NvshmemWindow> nvshmem_;
+  NvshmemAllocation low_latency_symmetric_;
+  uint32_t low_latency_far_ = 0;
+  const NvshmemApi* low_latency_nvshmem_ = nullptr;
+  // Global rank of index 0 of the peers a wait names: the NVL domain's first,
+  // or 0 where low-latency mode's group spans domains.
+  int first_peer_rank_ = 0;
   DeviceMemory peer_user_table_;
-  std::array<void*, kMaxNvlRanks> peer_low_latency_{};
+  std::array<void*, kMaxNvlRanks> peer_low_latency_{};  // kernels::low_latency::kMaxGroupRanks
   size_t low_latency_bytes_ = 0;
   void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;

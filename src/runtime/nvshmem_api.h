@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 1
+#define TURNOUT_NVSHMEM_API_VERSION 2
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */
@@ -60,6 +60,20 @@ typedef struct turnout_nvshmem_api_v1_t {
    * until its own `signal` is 1. Both symmetric; signal zeroed beforehand on
    * every PE, with a barrier between the zeroing and the launch. */
   int (*ring_test)(int* value, uint64_t* signal, cudaStream_t stream);
+
+  /* The sizes of the structs below as this library was built; the core
+   * refuses a library whose sizes differ from its own. */
+  uint32_t low_latency_dispatch_args_bytes;
+  uint32_t low_latency_combine_args_bytes;
+  uint32_t low_latency_region_bytes;
+  uint32_t low_latency_group_bytes;
+  /* Low-latency dispatch and combine of a group some of whose ranks only
+   * NVSHMEM reaches, enqueued on `stream`. `args`, `region` and `group`
+   * point to the core's LowLatencyDispatchArgs (LowLatencyCombineArgs),
+   * kernels::low_latency::Region and kernels::low_latency::Group; `phase`
+   * is a LowLatencyPhase. */
+  int (*low_latency_dispatch)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
+  int (*low_latency_combine)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
 } turnout_nvshmem_api_v1_t;
 
 /* The library's one export, named TURNOUT_NVSHMEM_API_SYMBOL. */

@@ -15,7 +15,6 @@
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/rank_mask.cuh"
 #include "kernels/low_latency/region.hpp"
-#include "kernels/low_latency/transport.cuh"
 
 namespace turnout::kernels::low_latency {
 
@@ -61,8 +60,8 @@ __device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq,
 // A sending block, once all its threads' puts are issued: thread d < R adds
 // this block's share of kArrivalsPerCall to peer d's counter at `offset`
 // (block 0 adds what makes the grid's total exact), for the peers of `live`.
-__device__ __forceinline__ void arrive_at_peers(const NvlinkTransport& tr, int num_ranks, int64_t offset,
-                                                uint32_t live) {
+template <class Transport>
+__device__ __forceinline__ void arrive_at_peers(const Transport& tr, int num_ranks, int64_t offset, uint32_t live) {
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < num_ranks && (live >> threadIdx.x & 1))
     tr.arrive(threadIdx.x, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);

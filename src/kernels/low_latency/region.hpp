@@ -135,16 +135,26 @@ struct TaggedWeight {
 };
 static_assert(sizeof(TaggedWeight) == 8);
 
+// The staging areas hold what this rank sends to peers out of load/store
+// reach (other NVL domains), so that a network put has its source in
+// registered memory; a group within one domain never touches them. Sized
+// anyway, so that one size hint fits any group. Reused every other call of
+// their phase, like the areas that receive: by then the peer has received
+// the call before (the protocol's double buffering), so its puts are done.
 struct Region {
   int num_max_tokens = 0;  // M
   int hidden = 0;
   int num_ranks = 0;
   int num_topk = 0;
-  int64_t message = 0;            // bytes of one dispatch slot
-  int64_t combine_row = 0;        // bytes of one combine slot
-  int64_t dispatch_data[2] = {};  // [R][M] message slots, [s][t] written by rank s
-  int64_t combine_data[2] = {};   // [M][R] rows, [t][d] written by expert rank d
-  int64_t weights[2] = {};        // [R][M][kLowLatencyMaxTopk] TaggedWeight, [s][t] written by rank s
+  int64_t message = 0;             // bytes of one dispatch slot
+  int64_t combine_row = 0;         // bytes of one combine slot
+  int64_t dispatch_data[2] = {};   // [R][M] message slots, [s][t] written by rank s
+  int64_t combine_data[2] = {};    // [M][R] rows, [t][d] written by expert rank d
+  int64_t weights[2] = {};         // [R][M][kLowLatencyMaxTopk] TaggedWeight, [s][t] written by rank s
+  int64_t dispatch_stage[2] = {};  // [M] message slots: token t's payload, once for every far destination
+  int64_t header_stage[2] = {};    // [M][R] MessageHeader: token t's header for far destination d
+  int64_t combine_stage[2] = {};   // [R][M] rows: the row for token t of far source s
+  int64_t combine_chunks[2] = {};  // [R][M] uint64: call number << 32 | chunks of that row staged
   int64_t total = 0;
 
   __host__ __device__ int64_t dispatch_slot(int parity, int source, int token) const {
@@ -156,6 +166,18 @@ struct Region {
   __host__ __device__ int64_t weights_slot(int parity, int source, int token) const {
     return weights[parity] +
            (int64_t(source) * num_max_tokens + token) * kLowLatencyMaxTopk * int64_t(sizeof(TaggedWeight));
+  }
+  __host__ __device__ int64_t dispatch_stage_slot(int parity, int token) const {
+    return dispatch_stage[parity] + int64_t(token) * message;
+  }
+  __host__ __device__ int64_t header_stage_slot(int parity, int token, int dest) const {
+    return header_stage[parity] + (int64_t(token) * num_ranks + dest) * int64_t(sizeof(MessageHeader));
+  }
+  __host__ __device__ int64_t combine_stage_slot(int parity, int source, int token) const {
+    return combine_stage[parity] + (int64_t(source) * num_max_tokens + token) * combine_row;
+  }
+  __host__ __device__ int64_t combine_chunks_slot(int parity, int source, int token) const {
+    return combine_chunks[parity] + (int64_t(source) * num_max_tokens + token) * int64_t(sizeof(uint64_t));
   }
 };
 
@@ -177,6 +199,10 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
   for (int p = 0; p < 2; ++p) r.dispatch_data[p] = take(R * M * r.message);
   for (int p = 0; p < 2; ++p) r.combine_data[p] = take(M * R * r.combine_row);
   for (int p = 0; p < 2; ++p) r.weights[p] = take(R * M * kLowLatencyMaxTopk * int64_t(sizeof(TaggedWeight)));
+  for (int p = 0; p < 2; ++p) r.dispatch_stage[p] = take(M * r.message);
+  for (int p = 0; p < 2; ++p) r.header_stage[p] = take(M * R * int64_t(sizeof(MessageHeader)));
+  for (int p = 0; p < 2; ++p) r.combine_stage[p] = take(R * M * r.combine_row);
+  for (int p = 0; p < 2; ++p) r.combine_chunks[p] = take(R * M * int64_t(sizeof(uint64_t)));
   r.total = at;
   return r;
 }

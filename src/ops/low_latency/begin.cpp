@@ -32,7 +32,8 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
   if (!core.options().low_latency_mode)
     throw InvalidArgument(std::string(op) + ": this buffer was created without low_latency_mode=True");
   if (core.timed_out()) core.check_errors(op);
-  const int R = core.topology().num_nvl_ranks;
+  // The group is every rank, in one NVL domain or across several.
+  const int R = core.topology().num_ranks;
   require(num_max_tokens >= 1 && num_max_tokens <= kLowLatencyMaxTokens, op, [&] {
     return "num_max_dispatch_tokens_per_rank must be in [1, " + str(kLowLatencyMaxTokens) + "], got " +
            str(num_max_tokens);
@@ -55,8 +56,9 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
            "; size it with get_low_latency_rdma_size_hint";
   });
   for (int i = 0; i < R; ++i) shape.group.regions[i] = core.peer_low_latency(i);
-  shape.group.rank = core.topology().nvl_rank();
+  shape.group.rank = core.topology().rank;
   shape.group.num_ranks = R;
+  shape.group.far = core.low_latency_far();
   shape.group.num_blocks = core.sm_budget();
   shape.group.gpu_to_itself = core.ranks_on_gpu() == 1;
   core.begin_call();

@@ -31,7 +31,12 @@ void combine(BufferCore& core, const LowLatencyCombineArgs& args, LowLatencyPhas
   const OpShape shape =
       begin_op(core, op, OpKind::kLowLatencyCombine, args.num_max_tokens, args.hidden, args.num_experts, args.num_topk);
   check_combine(args);
-  kernels::low_latency::launch_combine(args, shape.region, shape.group, phase, stream);
+  if (const NvshmemApi* nvshmem = core.low_latency_nvshmem())
+    nvshmem_check(*nvshmem,
+                  nvshmem->low_latency_combine(&args, &shape.region, &shape.group, static_cast<int>(phase), stream),
+                  op);
+  else
+    kernels::low_latency::launch_combine(args, shape.region, shape.group, phase, stream);
   core.check_errors(op);
 }
 

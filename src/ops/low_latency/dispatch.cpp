@@ -37,7 +37,12 @@ void dispatch(BufferCore& core, const LowLatencyDispatchArgs& args, LowLatencyPh
   const OpShape shape = begin_op(core, op, OpKind::kLowLatencyDispatch, args.num_max_tokens, args.hidden,
                                  args.num_experts, args.num_topk);
   check_dispatch(args);
-  kernels::low_latency::launch_dispatch(args, shape.region, shape.group, phase, stream);
+  if (const NvshmemApi* nvshmem = core.low_latency_nvshmem())
+    nvshmem_check(*nvshmem,
+                  nvshmem->low_latency_dispatch(&args, &shape.region, &shape.group, static_cast<int>(phase), stream),
+                  op);
+  else
+    kernels::low_latency::launch_dispatch(args, shape.region, shape.group, phase, stream);
   core.check_errors(op);
 }
 

@@ -1,0 +1,17 @@
+// The low-latency launchers of libturnout_nvshmem.so (see low_latency.cu);
+// the core reaches them through the API table. They throw on a launch error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/low_latency/launch.hpp"
+#include "turnout/low_latency.hpp"
+
+namespace turnout::nvshmem {
+
+void launch_low_latency_dispatch(const LowLatencyDispatchArgs& args, const kernels::low_latency::Region& region,
+                                 const kernels::low_latency::Group& group, LowLatencyPhase phase, cudaStream_t stream);
+void launch_low_latency_combine(const LowLatencyCombineArgs& args, const kernels::low_latency::Region& region,
+                                const kernels::low_latency::Group& group, LowLatencyPhase phase, cudaStream_t stream);
+
+}  // namespace turnout::nvshmem

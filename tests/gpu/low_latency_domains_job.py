@@ -1,0 +1,154 @@
+"""Low-latency mode across declared NVL domains, as its own job: the suite's
+low-latency tests run in fresh processes whose environment declares the domain
+size (TURNOUT_NVL_DOMAIN_SIZE), so every Buffer they make spans domains and
+runs over NVSHMEM (its P2P transport: this machine has no NIC). Run by
+test_low_latency_domains.py.
+
+    python low_latency_domains_job.py RANKS DOMAIN_SIZE NVLINK(0|1) TEST...
+
+TEST is module::function of a suite test (tests/gpu), or "absent_rank" or
+"wrong_domain_size". Prints one line per test (PASS / SKIP / FAIL) and exits
+non-zero if any failed."""
+import os
+import sys
+import time
+import traceback
+
+TIMEOUT_S = 3.0
+HOST_GRACE_S = 2.0
+
+
+def make_context(rank: int, world_size: int, allow_nvlink: bool):
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    import harness
+    import turnout
+
+    class DomainContext(harness.Context):
+        """The harness's context with one group, all ranks (a smaller group
+        would not hold whole domains); its buffers keep NVLink out of
+        low-latency mode when asked."""
+
+        def __init__(self) -> None:
+            self.rank = rank
+            self.world_size = world_size
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.num_devices = torch.cuda.device_count()
+            self.groups = {world_size: dist.group.WORLD}
+
+        @contextlib.contextmanager
+        def buffer(self, group, *args, **kwargs):
+            kwargs.setdefault("allow_nvlink_for_low_latency_mode", allow_nvlink)
+            buf = turnout.Buffer(group, *args, explicitly_destroy=True, **kwargs)
+            try:
+                yield buf
+            finally:
+                buf.destroy()
+
+    return DomainContext()
+
+
+def absent_rank(ctx) -> None:
+    """Every rank but the last calls low_latency_dispatch: each raises
+    TimeoutError naming the last rank within timeout_s (+ grace); then every
+    rank destroys its buffer together (NVSHMEM frees collectively) and a new
+    buffer's round trip is right."""
+    import torch
+
+    from low_latency_cases import LLCase, dispatch, inputs_of, round_trip, size_hint
+
+    case = LLCase("uniform", 32, 32, 2048, 8, 64, "fp8")
+    n, dev, me = ctx.world_size, ctx.device, ctx.rank
+    absent = n - 1
+    with ctx.buffer(ctx.groups[n], num_rdma_bytes=size_hint([case], n), low_latency_mode=True,
+                    timeout_s=TIMEOUT_S) as buf:
+        if me != absent:
+            start = time.monotonic()
+            error = None
+            try:
+                dispatch(buf, case, inputs_of(case, n, me), dev)
+                torch.cuda.synchronize()
+                buf.check_errors()
+            except TimeoutError as e:
+                error = e
+            elapsed = time.monotonic() - start
+            assert error is not None, f"n={n}: rank {absent} never called, and no TimeoutError came"
+            assert f"rank {absent}" in str(error), f"n={n}: the error does not name rank {absent}: {error}"
+            assert elapsed <= TIMEOUT_S + HOST_GRACE_S, f"n={n}: TimeoutError after {elapsed:.2f} s"
+            assert torch.arange(10, device=dev).sum().item() == 45, f"n={n}: the CUDA context is broken"
+        ctx.all_gather(None)
+    with ctx.buffer(ctx.groups[n], num_rdma_bytes=size_hint([case], n), low_latency_mode=True) as fresh:
+        round_trip(ctx, fresh, case, n, f"n={n}: a new buffer after the timeout")
+
+
+def wrong_domain_size(ctx) -> None:
+    """A declared domain size that does not divide the group is refused by name."""
+    import turnout
+    from harness import assert_raises
+
+    n = ctx.world_size
+    bad = n + 1
+    assert_raises(ValueError, lambda: turnout.Buffer(ctx.groups[n], num_rdma_bytes=1 << 20, low_latency_mode=True,
+                                                     nvl_domain_size=bad, explicitly_destroy=True),
+                  "nvl_domain_size", str(bad))
+
+
+LOCAL_TESTS = {"absent_rank": absent_rank, "wrong_domain_size": wrong_domain_size}
+
+
+def job(rank: int, world_size: int, allow_nvlink: bool, tests):
+    import importlib
+
+    import harness
+
+    if os.environ.get("TURNOUT_JOB_PROGRESS"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ.get("TURNOUT_JOB_STACKS_AFTER_S", "600")), exit=True)
+    ctx = make_context(rank, world_size, allow_nvlink)
+    lines = []
+    for name in tests:
+        if name in LOCAL_TESTS:
+            fn = LOCAL_TESTS[name]
+        else:
+            module, function = name.split("::")
+            fn = getattr(importlib.import_module(module), function)
+        start = time.monotonic()
+        if os.environ.get("TURNOUT_JOB_PROGRESS"):
+            print(f"[rank {rank}] start {name}", file=sys.stderr, flush=True)
+        try:
+            fn(ctx)
+            lines.append(f"PASS {name} ({time.monotonic() - start:.1f} s)")
+        except harness.Skipped as e:
+            lines.append(f"SKIP {name}: {e}")
+        except Exception:
+            lines.append(f"FAIL {name}:\n{traceback.format_exc()}")
+            break  # the others may wait for this rank in a collective
+    return lines
+
+
+def main() -> int:
+    from turnout.launch import run_on_local_gpus
+
+    num_ranks, domain, nvlink = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    tests = sys.argv[4:]
+    assert os.environ.get("TURNOUT_NVL_DOMAIN_SIZE") == str(domain), "the caller declares the domain size"
+    try:
+        results = run_on_local_gpus(job, (nvlink, tests), num_ranks, "gloo", timeout_s=900)
+    except RuntimeError as e:
+        print(f"FAIL job: {e}")
+        return 1
+    failed = False
+    for rank, lines in enumerate(results):
+        for line in lines:
+            if rank == 0 or not line.startswith(("PASS", "SKIP")):
+                print(f"[rank {rank}] {line}")
+            failed |= line.startswith("FAIL")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
