@@ -41,8 +41,8 @@ def test_messages_small_hidden():
     # Header and payload per remote (token, rank), against one message per remote (token, expert).
     assert (rows["dispatch FP8"]["ours_messages"], rows["dispatch FP8"]["ref_messages"]) == (6, 4)
     assert (rows["dispatch BF16"]["ours_messages"], rows["dispatch BF16"]["ref_messages"]) == (6, 4)
-    # One row per remote (token, rank), plus one weights put per token to the one peer.
-    assert (rows["combine BF16"]["ours_messages"], rows["combine BF16"]["ref_messages"]) == (3 + 4, 4)
+    # One row per remote (token, rank), plus one weight per (token, slot) to the one peer: 4 x 2.
+    assert (rows["combine BF16"]["ours_messages"], rows["combine BF16"]["ref_messages"]) == (3 + 8, 4)
     pre = rows["combine BF16, weights at dispatch"]
     assert (pre["ours_messages"], pre["ref_messages"], pre["message_ratio"]) == (3, 4, 0.75)
     assert all(r["nvl_domain_size"] is None for r in rows.values())
@@ -67,17 +67,17 @@ def test_domain_bytes_and_messages():
     rows = by_op(wire_bytes(DOMAIN_ROUTING, rank=0, num_ranks=4, num_experts=8, hidden=128, nvl_domain_size=2))
     assert (rows["dispatch FP8"]["ours_bytes"], rows["dispatch FP8"]["ref_bytes"]) == (3 * (144 + 132), 4 * (132 + 16))
     assert (rows["dispatch FP8"]["ours_messages"], rows["dispatch FP8"]["ref_messages"]) == (6, 4)
-    # The weights go to ranks 2 and 3 only: 3 tokens x 3 slots x 8 bytes each, one put per token.
+    # The weights go to ranks 2 and 3 only: 3 tokens x 3 slots x 8 bytes each, one put per word.
     combine = rows["combine BF16"]
     assert (combine["ours_bytes"], combine["ref_bytes"]) == (3 * 256 + 2 * 3 * 3 * 8, 4 * 256)
-    assert (combine["ours_messages"], combine["ref_messages"]) == (3 + 2 * 3, 4)
+    assert (combine["ours_messages"], combine["ref_messages"]) == (3 + 2 * 3 * 3, 4)
     pre = rows["combine BF16, weights at dispatch"]
     assert (pre["ours_bytes"], pre["ref_bytes"], pre["ours_messages"], pre["ref_messages"]) == (768, 1024, 3, 4)
     assert all(r["nvl_domain_size"] == 2 for r in rows.values())
     # Without domains: every other rank, so 3 peers' weights.
     rows = by_op(wire_bytes(DOMAIN_ROUTING, rank=0, num_ranks=4, num_experts=8, hidden=128))
     assert rows["combine BF16"]["ours_bytes"] == 5 * 256 + 3 * 3 * 3 * 8
-    assert rows["combine BF16"]["ours_messages"] == 5 + 3 * 3
+    assert rows["combine BF16"]["ours_messages"] == 5 + 3 * 3 * 3
 
 
 def test_nothing_crosses_within_one_domain():

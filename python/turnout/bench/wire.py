@@ -28,12 +28,13 @@ FORMULAS = {
     "combine BF16, weights at dispatch": ("remote (token, rank) pairs x 2H", "remote (token, expert) pairs x 2H"),
 }
 #: Messages (puts): turnout's dispatch puts a header and a payload per remote
-#: (token, rank), its combine one row; the published weights are counted as
-#: one put per (token, remote rank), its K words being contiguous there.
+#: (token, rank), its combine one row; a published weight is one 8-byte
+#: atomic set per (token, top-k slot, remote rank), so that it lands whole
+#: with its call number over any transport.
 MESSAGE_FORMULAS = {
     "dispatch FP8": ("remote (token, rank) pairs x 2", "remote (token, expert) pairs"),
     "dispatch BF16": ("remote (token, rank) pairs x 2", "remote (token, expert) pairs"),
-    "combine BF16": ("remote (token, rank) pairs + N x T (weights)", "remote (token, expert) pairs"),
+    "combine BF16": ("remote (token, rank) pairs + N x T x K (weights)", "remote (token, expert) pairs"),
     "combine BF16, weights at dispatch": ("remote (token, rank) pairs", "remote (token, expert) pairs"),
 }
 PAIRS_NOTE = ("pairs counted from this rank's topk_idx: expert e lives on rank e // (E / R); 'remote' excludes this "
@@ -99,7 +100,8 @@ def wire_bytes(topk_idx: Sequence[Sequence[int]], rank: int, num_ranks: int, num
                          by_expert),
         "dispatch BF16": (by_rank * (HEADER_BYTES + bf16), by_expert * (bf16 + PER_EXPERT_HEADER_BYTES), 2 * by_rank,
                           by_expert),
-        "combine BF16": (by_rank * bf16 + weights, by_expert * bf16, by_rank + num_remote * num_tokens, by_expert),
+        "combine BF16": (by_rank * bf16 + weights, by_expert * bf16, by_rank + num_remote * num_tokens * num_topk,
+                         by_expert),
         "combine BF16, weights at dispatch": (by_rank * bf16, by_expert * bf16, by_rank, by_expert),
     }
     rows = []
