@@ -3,6 +3,7 @@ each target is judged only where TARGETS.md sets it, the long-running pair
 against the fresh pair of the same run, and GPU times of ranks sharing a GPU
 are labelled."""
 from turnout.bench.low_latency import (
+    EMULATED_LABEL,
     FORMATS,
     FRESH_PAIR,
     HOST_ONLY_FIGURES,
@@ -96,3 +97,19 @@ def test_mixed_calls_make_every_format_and_kind():
     assert {kind for _, kind in MIXED_CALLS} == {"plain", "hook", "async", "twice", "weights"}
     calls = sum({"hook": 4, "twice": 4}.get(kind, 2) for _, kind in MIXED_CALLS)
     assert calls == 32, calls
+
+
+def test_declared_domains_label_gpu_times_and_judge_only_host_and_wire():
+    wire = dict(WIRE, nvl_domain_size=2)
+    rows = {r["figure"]: r for r in finish([dict(r, **PROTOCOL) for r in (GPU, HOST, wire)], 4, False)}
+    assert rows["dispatch FP8"]["verdict"] == "n/a across domains"
+    assert rows["dispatch FP8"]["label"] == EMULATED_LABEL
+    assert rows["host: dispatch FP8"]["verdict"] == "not met" and "label" not in rows["host: dispatch FP8"]
+    assert rows["wire: dispatch FP8"]["verdict"] == "not met"
+    merged = list(rows.values())
+    assert title(merged).endswith(f"2 domains of 2 ranks, {EMULATED_LABEL}")
+    times, _ = plot_series(merged)
+    assert EMULATED_LABEL in times["title"]
+    # One domain holding every rank is no split: nothing changes.
+    whole = [dict(r, **PROTOCOL) for r in (GPU, dict(WIRE, nvl_domain_size=4))]
+    assert {r["figure"]: r for r in finish(whole, 4, False)}["dispatch FP8"]["verdict"] == "met"

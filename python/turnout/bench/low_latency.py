@@ -49,6 +49,8 @@ from .wire import PAIRS_NOTE, SCALE_GROUP, wire_bytes
 
 TITLE = "low_latency: GPU time per call, host time per call and wire bytes per rank and call (median over ranks)"
 SHARED_LABEL = "ranks sharing one GPU: not NVLink figures"
+#: Where TURNOUT_NVL_DOMAIN_SIZE splits the ranks of one host into domains.
+EMULATED_LABEL = "NVL domains declared on one host: NVSHMEM over its P2P transport, not a NIC"
 
 COLUMNS = [
     column("figure", "figure"),
@@ -453,9 +455,20 @@ def target_and_verdict(row: Dict, num_ranks: int, shared: bool, protocol_shape: 
     return {"target": text, "target_value": value, "verdict": verdict}
 
 
+def declared_domain_size(rows: List[Dict], num_ranks: int) -> Optional[int]:
+    """The NVL domain size the wire rows were counted with, where it splits
+    the ranks into several domains; else None."""
+    sizes = {r.get("nvl_domain_size") for r in rows if r["kind"] == "wire"} - {None}
+    size = min(sizes) if sizes else None
+    return size if size is not None and size < num_ranks else None
+
+
 def finish(rows: List[Dict], num_ranks: int, shared: bool) -> List[Dict]:
-    """Targets, verdicts and the shared-GPU label on the merged rows."""
+    """Targets, verdicts and the shared-GPU label on the merged rows. Across
+    declared domains the GPU times are the NVSHMEM path's: the targets
+    (NVLink on one host) do not judge them."""
     time_of = {(r["kind"], r["op"]): r.get("time_us") for r in rows}
+    domains = declared_domain_size(rows, num_ranks)
     out = []
     for r in rows:
         protocol_shape = all(r[key] == value for key, value in PROTOCOL.items())
@@ -463,8 +476,12 @@ def finish(rows: List[Dict], num_ranks: int, shared: bool) -> List[Dict]:
         reference_us = time_of.get(("gpu", reference)) if reference is not None else None
         r = dict(r, ranks_share_gpus=shared, num_ranks=num_ranks, **target_and_verdict(r, num_ranks, shared,
                                                                                         protocol_shape, reference_us))
-        if shared and r["kind"] == "gpu":
-            r["label"] = SHARED_LABEL
+        if r["kind"] == "gpu":
+            labels = ([SHARED_LABEL] if shared else []) + ([EMULATED_LABEL] if domains else [])
+            if labels:
+                r["label"] = "; ".join(labels)
+            if domains and r["target"] is not None and not r["verdict"].startswith("n/a"):
+                r["verdict"] = "n/a across domains"
         out.append(r)
     return out
 
@@ -493,6 +510,9 @@ def title(rows: List[Dict]) -> str:
     r = rows[0]
     text = (f"low_latency: {r['tokens']} tokens per rank, hidden {r['hidden']}, top-{r['topk']} of {r['experts']} "
             f"experts, EP{r['num_ranks']}; median over ranks and the slowest rank; targets from TARGETS.md")
+    domains = declared_domain_size(rows, r["num_ranks"])
+    if domains:
+        text += f"; {r['num_ranks'] // domains} domains of {domains} ranks, {EMULATED_LABEL}"
     return f"{text}; {SHARED_LABEL}" if r["ranks_share_gpus"] else text
 
 
@@ -505,6 +525,8 @@ def plot_series(rows: List[Dict]) -> List[Dict]:
     times_title = f"low_latency: GPU time per call, EP{ranks}"
     if rows[0]["ranks_share_gpus"]:
         times_title += f"\n{SHARED_LABEL}"
+    if declared_domain_size(rows, ranks):
+        times_title += f"\n{EMULATED_LABEL}"
 
     def applies(r: Dict) -> bool:
         return r["target_value"] is not None and not r["verdict"].startswith("n/a")

@@ -1,6 +1,7 @@
 """What the bench prints and writes: aligned tables, the JSON record, the PNG."""
 import datetime
 import json
+import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 #: NVLink limit per GPU per direction on the reference host (4x H200, every
@@ -62,11 +63,17 @@ def machine_info(num_ranks: Optional[int] = None) -> Dict:
             "ranks": ranks, "ranks_share_gpus": ranks > count, "gpus_label": ", ".join(sorted(set(gpus)))}
 
 
+def run_environment() -> Dict[str, str]:
+    """The variables that change what a run measures: turnout's own and
+    NVSHMEM's (a declared domain size, a transport left out)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("TURNOUT_", "NVSHMEM_"))}
+
+
 def record(command: List[str], results: Dict[str, List[Dict]], machine: Dict,
            errors: Optional[Dict[str, str]] = None) -> Dict:
     """The JSON document of one run."""
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine, "command": command, "results": results}
+           "machine": machine, "command": command, "environment": run_environment(), "results": results}
     if errors:
         doc["errors"] = errors
     return doc
