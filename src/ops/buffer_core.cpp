@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/launch.hpp"
@@ -34,6 +35,10 @@ struct RankInfo {
   uint64_t num_nvl_bytes;
   uint64_t num_rdma_bytes;
   RankGpu gpu;
+  // Options that decide whether a rank takes part in NVSHMEM's collective
+  // set-up: every rank must pass the same.
+  uint8_t allow_nvlink_for_low_latency_mode;
+  uint8_t enable_shrink;
 };
 
 }  // namespace
@@ -79,8 +84,13 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   TURNOUT_CUDA_CHECK(cudaGetDevice(&device_));
 
   const int declared = options.nvl_domain_size > 0 ? options.nvl_domain_size : default_nvl_domain_size();
-  const RankInfo mine{local_host_id(), declared, options.num_nvl_bytes, options.num_rdma_bytes,
-                      local_rank_gpu(device_)};
+  const RankInfo mine{local_host_id(),
+                      declared,
+                      options.num_nvl_bytes,
+                      options.num_rdma_bytes,
+                      local_rank_gpu(device_),
+                      static_cast<uint8_t>(options.allow_nvlink_for_low_latency_mode),
+                      static_cast<uint8_t>(options.enable_shrink)};
   const auto gathered = bootstrap.all_gather(std::as_bytes(std::span(&mine, 1)));
   std::vector<RankInfo> all(bootstrap.size());
   std::memcpy(all.data(), gathered.data(), all.size() * sizeof(RankInfo));
@@ -100,6 +110,14 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
           "between ranks: rank " +
           std::to_string(r) + " declared " + std::to_string(all[r].nvl_domain_size) + ", rank " +
           std::to_string(bootstrap.rank()) + " declared " + std::to_string(mine.nvl_domain_size) + " (0: the host)");
+    for (const auto& [theirs, ours, name] :
+         {std::tuple{all[r].allow_nvlink_for_low_latency_mode, mine.allow_nvlink_for_low_latency_mode,
+                     "allow_nvlink_for_low_latency_mode"},
+          std::tuple{all[r].enable_shrink, mine.enable_shrink, "enable_shrink"}})
+      if (theirs != ours)
+        throw InvalidArgument(std::string("Buffer: ") + name + " differs between ranks: rank " + std::to_string(r) +
+                              " passed " + (theirs ? "True" : "False") + ", rank " + std::to_string(bootstrap.rank()) +
+                              " passed " + (ours ? "True" : "False"));
     host_ids.push_back(all[r].host_id);
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, declared);
@@ -110,6 +128,10 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     throw NotSupported("Buffer: low_latency_mode across NVL domains takes at most " +
                        std::to_string(kernels::low_latency::kMaxGroupRanks) +
                        " ranks in this version of turnout; this group has " + std::to_string(topology_.num_ranks));
+  if (over_nvshmem && options.enable_shrink)
+    throw NotSupported(
+        "Buffer: enable_shrink=True with low_latency_mode across NVL domains (or with "
+        "allow_nvlink_for_low_latency_mode=False) is not available in this version of turnout");
   if (options.low_latency_mode && options.num_rdma_bytes == 0)
     throw InvalidArgument(
         "Buffer: low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint), got 0");

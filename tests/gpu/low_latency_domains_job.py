@@ -6,8 +6,8 @@ test_low_latency_domains.py.
 
     python low_latency_domains_job.py RANKS DOMAIN_SIZE NVLINK(0|1) TEST...
 
-TEST is module::function of a suite test (tests/gpu), or "absent_rank" or
-"wrong_domain_size". Prints one line per test (PASS / SKIP / FAIL) and exits
+TEST is module::function of a suite test (tests/gpu), or one of LOCAL_TESTS
+below. Prints one line per test (PASS / SKIP / FAIL) and exits
 non-zero if any failed."""
 import os
 import sys
@@ -96,7 +96,19 @@ def wrong_domain_size(ctx) -> None:
                   "nvl_domain_size", str(bad))
 
 
-LOCAL_TESTS = {"absent_rank": absent_rank, "wrong_domain_size": wrong_domain_size}
+def shrink_refused(ctx) -> None:
+    """Shrink mode is not available across domains yet: refused by name on every rank, before NVSHMEM starts."""
+    import turnout
+    from harness import assert_raises
+
+    n = ctx.world_size
+    assert_raises(NotImplementedError, lambda: turnout.Buffer(ctx.groups[n], num_rdma_bytes=1 << 20,
+                                                              low_latency_mode=True, enable_shrink=True,
+                                                              explicitly_destroy=True),
+                  "enable_shrink", "NVL domains")
+
+
+LOCAL_TESTS = {"absent_rank": absent_rank, "wrong_domain_size": wrong_domain_size, "shrink_refused": shrink_refused}
 
 
 def job(rank: int, world_size: int, allow_nvlink: bool, tests):

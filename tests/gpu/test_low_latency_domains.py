@@ -24,6 +24,7 @@ TESTS = (
     "test_low_latency_errors::test_expert_ids_out_of_range_fail_on_every_rank",
     "absent_rank",
     "wrong_domain_size",
+    "shrink_refused",
 )
 
 
@@ -35,6 +36,7 @@ SHORT_TESTS = (
     "test_low_latency_graph::test_hooked_dispatch_and_combine_in_cuda_graph",
     "absent_rank",
     "wrong_domain_size",
+    "shrink_refused",
 )
 
 
