@@ -6,7 +6,7 @@ domain size declared in the environment). Configurations by the run's rank
 count: 2 ranks as 2 domains of 1; 4 as 2 of 2, 4 of 1, and one domain with
 NVLink kept out of low-latency mode; 8 as 2 of 4 and 4 of 2; and where the run
 has a GPU per rank, twice its ranks (8 ranks on 4 GPUs as 2 of 4 and 4 of 2,
-a shorter list of tests)."""
+a shorter list of tests); and with 8 ranks, 16 as 2 domains of 8."""
 import os
 import subprocess
 import sys
@@ -46,6 +46,9 @@ def configurations(world_size: int, num_devices: int):
     jobs = [job + (TESTS,) for job in by_ranks.get(world_size, [])]
     if world_size == num_devices and 2 * world_size in by_ranks:
         jobs += [job + (SHORT_TESTS,) for job in by_ranks[2 * world_size]]
+    if world_size == 8:
+        # Past one NVL domain's 8 ranks: 16 as two full domains.
+        jobs.append((16, 8, True, SHORT_TESTS))
     return jobs
 
 
