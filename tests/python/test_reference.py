@@ -453,3 +453,116 @@ def test_ll_reference_rejects_bad_input():
         ref.low_latency_combine(expert_x, ids, weights, results, only_rank=2)
     with pytest.raises(ValueError, match="None"):
         ref.low_latency_combine(expert_x, [ids[0], None], weights, results)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Internode normal mode
+
+
+def internode_inputs(num_ranks: int, num_nvl_ranks: int, num_experts: int, num_topk: int, hidden: int, seed: int):
+    """Every rank's (x bytes, topk_idx, topk_weights, is_token_in_rank); rank 1 has no tokens."""
+    rng = np.random.default_rng(seed)
+    xs, ids, weights, in_rank = [], [], [], []
+    for r in range(num_ranks):
+        t = 0 if r == 1 else int(rng.integers(1, 30))
+        xs.append(bf16_bits(rng, (t, hidden)).view(np.uint8))
+        ids.append(rng.integers(-1, num_experts, size=(t, num_topk), dtype=np.int64))
+        weights.append(rng.random((t, num_topk), dtype=np.float32))
+        in_rank.append(ref.get_dispatch_layout(ids[-1], num_ranks, num_experts, num_nvl_ranks)[3])
+    return xs, ids, weights, in_rank
+
+
+@pytest.mark.parametrize("num_ranks, num_nvl_ranks", [(4, 2), (8, 4), (8, 2), (16, 8), (6, 1), (4, 4)])
+def test_internode_dispatch_is_intranode_plus_the_handle(num_ranks, num_nvl_ranks):
+    num_experts, num_topk, hidden, channels = 4 * num_ranks, 6, 16, 3
+    xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, num_topk, hidden,
+                                                 seed=num_ranks * 10 + num_nvl_ranks)
+    args = (xs, [None] * num_ranks, ids, weights, in_rank, num_experts, 4)
+    normal = ref.normal_dispatch(*args)
+    out = ref.internode_dispatch(*args, num_nvl_ranks, channels)
+    num_domains = num_ranks // num_nvl_ranks
+    for r, (d, n) in enumerate(zip(out, normal)):
+        for name in ("recv_x", "recv_topk_idx", "recv_topk_weights", "recv_src_idx", "recv_src_rank",
+                     "rank_prefix_matrix"):
+            np.testing.assert_array_equal(getattr(d, name), getattr(n, name), err_msg=f"rank {r} {name}")
+        assert d.num_recv_tokens_per_expert == n.num_recv_tokens_per_expert
+        assert d.num_nvl_ranks == num_nvl_ranks and d.num_channels == channels
+        np.testing.assert_array_equal(d.is_token_in_rank, in_rank[r])
+        np.testing.assert_array_equal(d.recv_gbl_rank_prefix_sum, n.rank_prefix_matrix[:, r])
+        # [4]: what the peer of each domain sends to this rank's domain, as its layout counts it.
+        local, domain = r % num_nvl_ranks, r // num_nvl_ranks
+        per_domain = [ref.get_dispatch_layout(ids[s * num_nvl_ranks + local], num_ranks, num_experts,
+                                              num_nvl_ranks)[1][domain] for s in range(num_domains)]
+        np.testing.assert_array_equal(d.recv_rdma_rank_prefix_sum, np.cumsum(per_domain))
+        assert d.num_forward == sum(per_domain)
+        shapes = {"rdma_channel_prefix_matrix": (num_domains, channels),
+                  "gbl_channel_prefix_matrix": (num_ranks, channels),
+                  "recv_rdma_channel_prefix_matrix": (num_domains, channels),
+                  "recv_gbl_channel_prefix_matrix": (num_ranks, channels),
+                  "send_rdma_head": (len(ids[r]), num_domains), "send_nvl_head": (d.num_forward, num_nvl_ranks),
+                  "recv_nvl_mask": (d.num_recv,), "forward_src_idx": (d.num_forward,)}
+        for name, shape in shapes.items():
+            assert getattr(d, name).shape == shape, f"rank {r} {name}"
+        np.testing.assert_array_equal(d.gbl_channel_prefix_matrix[:, -1], in_rank[r].sum(0))
+        # The rows of each forwarded token's mask bits hold that token.
+        for i in range(d.num_forward):
+            src = d.forward_src_domain[i] * num_nvl_ranks + local
+            for j in range(num_nvl_ranks):
+                assert bool(d.forward_nvl_mask[i] >> j & 1) == bool(in_rank[src][d.forward_src_idx[i], domain *
+                                                                                   num_nvl_ranks + j])
+
+
+def test_internode_combine_matches_normal_and_rounds_remote_partials():
+    num_ranks, num_nvl_ranks, num_experts, num_topk, hidden = 8, 2, 32, 4, 16
+    xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, num_topk, hidden, seed=3)
+    args = (xs, [None] * num_ranks, ids, weights, in_rank, num_experts, 1)
+    normal, out = ref.normal_dispatch(*args), ref.internode_dispatch(*args, num_nvl_ranks)
+    rows = [d.recv_x.view(np.uint16) for d in out]
+    ws = [d.recv_topk_weights for d in out]
+    none = [None] * num_ranks
+    want = ref.normal_combine(rows, ws, none, none, normal, hidden, num_topk)
+    exact = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, round_remote_partials=False)
+    rounded = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk)
+    for r in range(num_ranks):
+        np.testing.assert_array_equal(exact[r][0], want[r][0])
+        np.testing.assert_array_equal(exact[r][1], want[r][1])
+        assert rounded[r][0].shape == (len(ids[r]), hidden)
+        # Each remote partial moves by at most half a bf16 step: 2^-8 of the rows it sums.
+        np.testing.assert_array_less(np.abs(rounded[r][0] - want[r][0]),
+                                     in_rank[r].sum(1, keepdims=True) * np.abs(bf16_values(xs[r].view(np.uint16)))
+                                     * 2.0 ** -8 + 1e-300)
+    only = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, only_rank=5)
+    assert only[0] is None
+    np.testing.assert_array_equal(only[5][0], rounded[5][0])
+
+
+def test_internode_wire_counts_copies_per_domain():
+    num_ranks, num_nvl_ranks, num_experts = 8, 4, 32
+    _, ids, _, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, 8, 16, seed=9)
+    params = ref.InternodeWireParams()
+    params.row_bytes, params.num_scales, params.num_topk, params.hidden = 7168, 56, 8, 7168
+    params.num_nvl_ranks, params.num_channels, params.chunk_tokens = num_nvl_ranks, 2, 4
+    rows = ref.internode_wire(in_rank, params)
+    ours = ref.turnout_dispatch_token_bytes(7168, 56, 8)
+    assert ours == ref.deepep_dispatch_token_bytes(7168, 56, 8) == 7472
+    for r, row in enumerate(rows):
+        domain = r // num_nvl_ranks
+        others = [d for d in range(num_ranks // num_nvl_ranks) if d != domain]
+        by_domain = in_rank[r].reshape(len(ids[r]), num_ranks // num_nvl_ranks, num_nvl_ranks)
+        assert row["token_domain_pairs"] == int(by_domain[:, others].any(2).sum())
+        assert row["token_rank_pairs"] == int(by_domain[:, others].sum())
+        assert row["dispatch_turnout_bytes"] == row["token_domain_pairs"] * ours
+        assert row["dispatch_per_rank_bytes"] == row["token_rank_pairs"] * ours
+        assert row["dispatch_turnout_messages"] <= row["token_domain_pairs"] <= 4 * row["dispatch_turnout_messages"]
+    assert sum(r["combine_turnout_bytes"] for r in rows) == \
+        sum(r["token_domain_pairs"] for r in rows) * ref.turnout_combine_token_bytes(7168, 8)
+
+
+def test_internode_reference_rejects_bad_domains():
+    xs, ids, weights, in_rank = internode_inputs(4, 2, 16, 2, 16, seed=1)
+    with pytest.raises(ValueError, match="num_nvl_ranks"):
+        ref.internode_dispatch(xs, [None] * 4, ids, weights, in_rank, 16, 1, 3)
+    params = ref.InternodeWireParams()
+    params.row_bytes, params.hidden, params.num_nvl_ranks = 32, 16, 2
+    with pytest.raises(ValueError, match="is_token_in_rank"):
+        ref.internode_wire([m[:, :2] for m in in_rank], params)

@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reference.hpp"
@@ -99,9 +100,11 @@ std::vector<T> list_item(const nb::list& items, size_t i, const char* what) {
   return std::vector<T>(a.data(), a.data() + a.size());
 }
 
-std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
-                                            const nb::list& topk_weights, const nb::list& is_token_in_rank,
-                                            int num_experts, int expert_alignment) {
+// Every rank's input to normal_dispatch and its widths, from lists of one
+// numpy array (or None) per rank.
+std::pair<std::vector<reference::NormalDispatchInput>, reference::NormalDispatchParams> dispatch_inputs(
+    const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx, const nb::list& topk_weights,
+    const nb::list& is_token_in_rank, int num_experts, int expert_alignment) {
   const size_t num_ranks = x.size();
   std::vector<reference::NormalDispatchInput> inputs(num_ranks);
   reference::NormalDispatchParams params;
@@ -133,33 +136,135 @@ std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x
       if (a.ndim() == 2) params.num_topk = static_cast<int>(a.shape(1));
     }
   }
+  return {std::move(inputs), params};
+}
+
+std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
+                                            const nb::list& topk_weights, const nb::list& is_token_in_rank,
+                                            int num_experts, int expert_alignment) {
+  auto [inputs, params] =
+      dispatch_inputs(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_experts, expert_alignment);
   auto results = reference::normal_dispatch(inputs, params);
   std::vector<DispatchResult> out;
   for (auto& r : results) out.push_back({std::move(r), params.row_bytes, params.num_scales, params.num_topk});
   return out;
 }
 
-nb::list normal_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0, const nb::list& bias1,
-                        const std::vector<DispatchResult>& dispatch, int hidden, int num_topk, int only_rank) {
+// Each rank's combine input, from lists of one numpy array (or None) per rank.
+std::vector<reference::NormalCombineInput> combine_inputs(const nb::list& x, const nb::list& topk_weights,
+                                                          const nb::list& bias0, const nb::list& bias1) {
   std::vector<reference::NormalCombineInput> inputs(x.size());
-  std::vector<reference::NormalDispatchResult> results;
   for (size_t r = 0; r < inputs.size(); ++r) {
     inputs[r].x = list_item<uint16_t>(x, r, "x");
     inputs[r].topk_weights = list_item<float>(topk_weights, r, "topk_weights");
     inputs[r].bias0 = list_item<uint16_t>(bias0, r, "bias0");
     inputs[r].bias1 = list_item<uint16_t>(bias1, r, "bias1");
-    results.push_back(dispatch.at(r).r);
   }
-  auto combined = reference::normal_combine(inputs, results, hidden, num_topk, only_rank);
+  return inputs;
+}
+
+// (combined_x, combined_topk_weights) per rank, None for the ranks only_rank leaves out.
+nb::list combine_outputs(std::vector<reference::NormalCombineResult>&& combined, std::span<const int> num_tokens,
+                         int hidden, int num_topk, int only_rank) {
   nb::list out;
   for (size_t r = 0; r < combined.size(); ++r) {
     if (only_rank >= 0 && r != static_cast<size_t>(only_rank)) {
       out.append(nb::none());
       continue;
     }
-    const size_t t = results[r].num_tokens;
+    const size_t t = num_tokens[r];
     out.append(nb::make_tuple(to_numpy(std::move(combined[r].combined_x), {t, size_t(hidden)}),
                               to_numpy(std::move(combined[r].combined_topk_weights), {t, size_t(num_topk)})));
+  }
+  return out;
+}
+
+nb::list normal_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0, const nb::list& bias1,
+                        const std::vector<DispatchResult>& dispatch, int hidden, int num_topk, int only_rank) {
+  std::vector<reference::NormalCombineInput> inputs = combine_inputs(x, topk_weights, bias0, bias1);
+  std::vector<reference::NormalDispatchResult> results;
+  std::vector<int> num_tokens;
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    results.push_back(dispatch.at(r).r);
+    num_tokens.push_back(results.back().num_tokens);
+  }
+  return combine_outputs(reference::normal_combine(inputs, results, hidden, num_topk, only_rank), num_tokens, hidden,
+                         num_topk, only_rank);
+}
+
+// An internode dispatch result with the shapes its arrays need.
+struct InternodeResult {
+  reference::InternodeDispatchResult r;
+  int64_t row_bytes;
+  int num_scales;
+  int num_topk;
+  int num_ranks;
+
+  int num_domains() const { return num_ranks / r.num_nvl_ranks; }
+};
+
+const reference::NormalDispatchResult& normal_of(const DispatchResult& d) {
+  return d.r;
+}
+const reference::NormalDispatchResult& normal_of(const InternodeResult& d) {
+  return d.r.normal;
+}
+
+std::vector<InternodeResult> internode_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
+                                                const nb::list& topk_weights, const nb::list& is_token_in_rank,
+                                                int num_experts, int expert_alignment, int num_nvl_ranks,
+                                                int num_channels) {
+  auto [inputs, params] =
+      dispatch_inputs(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_experts, expert_alignment);
+  auto results =
+      reference::internode_dispatch(inputs, params, {.num_nvl_ranks = num_nvl_ranks, .num_channels = num_channels});
+  const int num_ranks = static_cast<int>(results.size());
+  std::vector<InternodeResult> out;
+  for (auto& r : results)
+    out.push_back({std::move(r), params.row_bytes, params.num_scales, params.num_topk, num_ranks});
+  return out;
+}
+
+nb::list internode_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0,
+                           const nb::list& bias1, const std::vector<InternodeResult>& dispatch, int hidden,
+                           int num_topk, bool round_remote_partials, int only_rank) {
+  std::vector<reference::NormalCombineInput> inputs = combine_inputs(x, topk_weights, bias0, bias1);
+  std::vector<reference::InternodeDispatchResult> results;
+  std::vector<int> num_tokens;
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    results.push_back(dispatch.at(r).r);
+    num_tokens.push_back(results.back().normal.num_tokens);
+  }
+  return combine_outputs(
+      reference::internode_combine(inputs, results, hidden, num_topk, round_remote_partials, only_rank), num_tokens,
+      hidden, num_topk, only_rank);
+}
+
+nb::list internode_wire(const nb::list& is_token_in_rank, const reference::InternodeWireParams& params) {
+  const size_t num_ranks = is_token_in_rank.size();
+  std::vector<reference::NormalDispatchInput> inputs(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    auto a = nb::cast<HostArray<const uint8_t>>(is_token_in_rank[r]);
+    if (a.ndim() != 2 || a.shape(1) != num_ranks)
+      throw std::invalid_argument("is_token_in_rank[" + std::to_string(r) + "]: expected a 2-D uint8 array [T, " +
+                                  std::to_string(num_ranks) + "]");
+    inputs[r].num_tokens = static_cast<int>(a.shape(0));
+    inputs[r].is_token_in_rank.assign(a.data(), a.data() + a.size());
+  }
+  nb::list out;
+  for (const reference::InternodeWire& w : reference::internode_wire(inputs, params)) {
+    nb::dict row;
+    row["token_domain_pairs"] = w.token_domain_pairs;
+    row["token_rank_pairs"] = w.token_rank_pairs;
+    const std::pair<const char*, const reference::WireCount*> counts[] = {
+        {"dispatch_turnout", &w.dispatch_turnout},   {"dispatch_deepep", &w.dispatch_deepep},
+        {"dispatch_per_rank", &w.dispatch_per_rank}, {"combine_turnout", &w.combine_turnout},
+        {"combine_deepep", &w.combine_deepep},       {"combine_per_rank", &w.combine_per_rank}};
+    for (const auto& [name, count] : counts) {
+      row[(std::string(name) + "_bytes").c_str()] = count->bytes;
+      row[(std::string(name) + "_messages").c_str()] = count->messages;
+    }
+    out.append(row);
   }
   return out;
 }
@@ -324,37 +429,56 @@ nb::list low_latency_combine(const nb::list& expert_x, const nb::list& topk_idx,
 }
 }  // namespace
 
+// The properties of a dispatch's user-visible outputs, alike for both modes.
+template <typename Result>
+void def_normal_outputs(nb::class_<Result>& cls) {
+  // Each property hands Python a new array or value of its own.
+  constexpr auto fresh = nb::rv_policy::automatic;
+  using D = const Result&;
+  cls.def_prop_ro(
+         "num_recv", [](D d) { return normal_of(d).num_recv; }, fresh)
+      .def_prop_ro(
+          "recv_x", [](D d) { return copy_out(normal_of(d).recv_x, normal_of(d).num_recv, d.row_bytes); }, fresh)
+      .def_prop_ro(
+          "recv_x_scales",
+          [](D d) { return copy_out(normal_of(d).recv_x_scales, normal_of(d).num_recv, d.num_scales); }, fresh)
+      .def_prop_ro(
+          "recv_topk_idx", [](D d) { return copy_out(normal_of(d).recv_topk_idx, normal_of(d).num_recv, d.num_topk); },
+          fresh)
+      .def_prop_ro(
+          "recv_topk_weights",
+          [](D d) { return copy_out(normal_of(d).recv_topk_weights, normal_of(d).num_recv, d.num_topk); }, fresh)
+      .def_prop_ro(
+          "recv_src_idx",
+          [](D d) {
+            return to_numpy(std::vector<int32_t>(normal_of(d).recv_src_idx), {size_t(normal_of(d).num_recv)});
+          },
+          fresh)
+      .def_prop_ro(
+          "recv_src_rank",
+          [](D d) {
+            return to_numpy(std::vector<int32_t>(normal_of(d).recv_src_rank), {size_t(normal_of(d).num_recv)});
+          },
+          fresh)
+      .def_prop_ro(
+          "num_recv_tokens_per_expert",
+          [](D d) { return std::vector<int32_t>(normal_of(d).num_recv_tokens_per_expert); }, fresh)
+      .def_prop_ro(
+          "rank_prefix_matrix",
+          [](D d) {
+            const auto& m = normal_of(d).rank_prefix_matrix;
+            const size_t r = static_cast<size_t>(std::lround(std::sqrt(double(m.size()))));
+            return copy_out(m, r, r);
+          },
+          fresh);
+}
+
 NB_MODULE(turnout_reference, m) {
   m.doc() = "Host reference of every op: the oracle the tests compare turnout with";
   // Each property hands Python a new array or value of its own.
   constexpr auto fresh = nb::rv_policy::automatic;
-  using D = const DispatchResult&;
-  nb::class_<DispatchResult>(m, "NormalDispatchResult")
-      .def_prop_ro(
-          "num_recv", [](D d) { return d.r.num_recv; }, fresh)
-      .def_prop_ro(
-          "recv_x", [](D d) { return copy_out(d.r.recv_x, d.r.num_recv, d.row_bytes); }, fresh)
-      .def_prop_ro(
-          "recv_x_scales", [](D d) { return copy_out(d.r.recv_x_scales, d.r.num_recv, d.num_scales); }, fresh)
-      .def_prop_ro(
-          "recv_topk_idx", [](D d) { return copy_out(d.r.recv_topk_idx, d.r.num_recv, d.num_topk); }, fresh)
-      .def_prop_ro(
-          "recv_topk_weights", [](D d) { return copy_out(d.r.recv_topk_weights, d.r.num_recv, d.num_topk); }, fresh)
-      .def_prop_ro(
-          "recv_src_idx", [](D d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_idx), {size_t(d.r.num_recv)}); },
-          fresh)
-      .def_prop_ro(
-          "recv_src_rank",
-          [](D d) { return to_numpy(std::vector<int32_t>(d.r.recv_src_rank), {size_t(d.r.num_recv)}); }, fresh)
-      .def_prop_ro(
-          "num_recv_tokens_per_expert", [](D d) { return std::vector<int32_t>(d.r.num_recv_tokens_per_expert); }, fresh)
-      .def_prop_ro(
-          "rank_prefix_matrix",
-          [](D d) {
-            const size_t r = static_cast<size_t>(std::lround(std::sqrt(double(d.r.rank_prefix_matrix.size()))));
-            return copy_out(d.r.rank_prefix_matrix, r, r);
-          },
-          fresh);
+  auto normal = nb::class_<DispatchResult>(m, "NormalDispatchResult");
+  def_normal_outputs(normal);
   m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a, "is_token_in_rank"_a,
         "num_experts"_a, "expert_alignment"_a,
         "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");
@@ -454,4 +578,93 @@ NB_MODULE(turnout_reference, m) {
         "k]). expert_x[r][l]: uint16 bf16 rows [n, H] of rank r's local expert l in canonical order. With only_rank "
         ">= 0: that rank's result alone (None for the others), expert_x[r][l] holds only the rows that came from "
         "only_rank, and the other ranks' topk_idx / topk_weights may be None.");
+
+  using I = const InternodeResult&;
+  const auto per_row = [](const auto& v, size_t rows) { return to_numpy(std::vector(v), {rows}); };
+  const auto matrix = [](const auto& v, size_t rows, size_t cols) { return copy_out(v, rows, cols); };
+  auto internode = nb::class_<InternodeResult>(m, "InternodeDispatchResult",
+                                               "One rank's internode dispatch result: the user-visible outputs "
+                                               "(intranode's for the same routing), DeepEP's handle entries and the "
+                                               "rank's view as a forwarder (tests/reference/reference.hpp)");
+  def_normal_outputs(internode);
+  internode.def_prop_ro("num_nvl_ranks", [](I d) { return d.r.num_nvl_ranks; })
+      .def_prop_ro("num_channels", [](I d) { return d.r.num_channels; })
+      .def_prop_ro("num_forward", [](I d) { return d.r.num_forward; })
+      .def_prop_ro(
+          "is_token_in_rank",
+          [=](I d) {
+            return matrix(d.r.is_token_in_rank, d.r.is_token_in_rank.size() / d.num_ranks, size_t(d.num_ranks));
+          },
+          fresh, "[0] uint8 [T, R]")
+      .def_prop_ro(
+          "rdma_channel_prefix_matrix",
+          [=](I d) { return matrix(d.r.rdma_channel_prefix_matrix, d.num_domains(), d.r.num_channels); }, fresh,
+          "[1] int32 [N, C]")
+      .def_prop_ro(
+          "gbl_channel_prefix_matrix",
+          [=](I d) { return matrix(d.r.gbl_channel_prefix_matrix, d.num_ranks, d.r.num_channels); }, fresh,
+          "[2] int32 [R, C]")
+      .def_prop_ro(
+          "recv_rdma_channel_prefix_matrix",
+          [=](I d) { return matrix(d.r.recv_rdma_channel_prefix_matrix, d.num_domains(), d.r.num_channels); }, fresh,
+          "[3] int32 [N, C]")
+      .def_prop_ro(
+          "recv_rdma_rank_prefix_sum", [=](I d) { return per_row(d.r.recv_rdma_rank_prefix_sum, d.num_domains()); },
+          fresh, "[4] int32 [N]")
+      .def_prop_ro(
+          "recv_gbl_channel_prefix_matrix",
+          [=](I d) { return matrix(d.r.recv_gbl_channel_prefix_matrix, d.num_ranks, d.r.num_channels); }, fresh,
+          "[5] int32 [R, C]")
+      .def_prop_ro(
+          "recv_gbl_rank_prefix_sum", [=](I d) { return per_row(d.r.recv_gbl_rank_prefix_sum, d.num_ranks); }, fresh,
+          "[6] int32 [R] (DeepEP's handle[-4])")
+      .def_prop_ro(
+          "recv_nvl_mask", [=](I d) { return per_row(d.r.recv_nvl_mask, d.r.normal.num_recv); }, fresh,
+          "[7]'s mask: uint32 [num_recv], bit j = the row's token reached local rank j of this domain")
+      .def_prop_ro(
+          "send_rdma_head",
+          [=](I d) {
+            const size_t num_tokens = d.r.num_channels > 0 ? size_t(d.r.normal.num_tokens) : 0;
+            return matrix(d.r.send_rdma_head, num_tokens, d.num_domains());
+          },
+          fresh, "[8] int32 [T, N] (empty without channels)")
+      .def_prop_ro(
+          "send_nvl_head",
+          [=](I d) {
+            const size_t rows = d.r.num_channels > 0 ? size_t(d.r.num_forward) : 0;
+            return matrix(d.r.send_nvl_head, rows, d.r.num_nvl_ranks);
+          },
+          fresh, "[9] int32 [num_forward, D] in forward order (empty without channels)")
+      .def_prop_ro(
+          "forward_src_domain", [=](I d) { return per_row(d.r.forward_src_domain, d.r.num_forward); }, fresh)
+      .def_prop_ro(
+          "forward_src_idx", [=](I d) { return per_row(d.r.forward_src_idx, d.r.num_forward); }, fresh)
+      .def_prop_ro("forward_nvl_mask", [=](I d) { return per_row(d.r.forward_nvl_mask, d.r.num_forward); }, fresh);
+  m.def("internode_dispatch", &internode_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a,
+        "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a, "num_nvl_ranks"_a, "num_channels"_a = 0,
+        "Every rank's internode dispatch result (lists as normal_dispatch takes); rank r is in NVL domain r // "
+        "num_nvl_ranks. num_channels > 0 fills the channel entries of the handle.");
+  m.def("internode_combine", &internode_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a,
+        "hidden"_a, "num_topk"_a, "round_remote_partials"_a = true, "only_rank"_a = -1,
+        "Every rank's fp64 two-level combine, as normal_combine returns it; round_remote_partials rounds each "
+        "partial sum of a domain other than the source's to bf16, as it crosses the network.");
+  nb::class_<reference::InternodeWireParams>(m, "InternodeWireParams")
+      .def(nb::init<>())
+      .def_rw("row_bytes", &reference::InternodeWireParams::row_bytes)
+      .def_rw("num_scales", &reference::InternodeWireParams::num_scales)
+      .def_rw("num_topk", &reference::InternodeWireParams::num_topk)
+      .def_rw("hidden", &reference::InternodeWireParams::hidden)
+      .def_rw("num_nvl_ranks", &reference::InternodeWireParams::num_nvl_ranks)
+      .def_rw("num_channels", &reference::InternodeWireParams::num_channels)
+      .def_rw("chunk_tokens", &reference::InternodeWireParams::chunk_tokens);
+  m.def("internode_wire", &internode_wire, "is_token_in_rank"_a, "params"_a,
+        "Per rank, a dict of the network bytes and puts of one dispatch and one combine in turnout's, DeepEP's and "
+        "a per-rank protocol (keys <op>_<protocol>_bytes / _messages), and the (token, domain) and (token, rank) "
+        "pairs that cross; is_token_in_rank: one uint8 [T, R] array per rank.");
+  m.def("turnout_dispatch_token_bytes", &reference::turnout_dispatch_token_bytes, "row_bytes"_a, "num_scales"_a,
+        "num_topk"_a);
+  m.def("deepep_dispatch_token_bytes", &reference::deepep_dispatch_token_bytes, "row_bytes"_a, "num_scales"_a,
+        "num_topk"_a);
+  m.def("turnout_combine_token_bytes", &reference::turnout_combine_token_bytes, "hidden"_a, "num_topk"_a);
+  m.def("deepep_combine_token_bytes", &reference::deepep_combine_token_bytes, "hidden"_a, "num_topk"_a);
 }

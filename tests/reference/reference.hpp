@@ -138,6 +138,140 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
                                                 int num_topk, int only_rank = -1);
 
 // ---------------------------------------------------------------------------
+// Internode normal mode (several NVL domains), all ranks at once
+//
+// R ranks in N = R / D NVL domains of D ranks each: rank r is local index r % D of
+// domain r / D. A token crosses the network at most once per destination domain, to
+// the rank of its source's local index there (its forwarder), which hands it over
+// NVLink to the token's destination ranks of that domain. In the source's own domain
+// the source is its own forwarder.
+//
+// The rows a rank receives, their order (source rank, then source token), top-k,
+// per-expert counts and rank_prefix_matrix are what intranode dispatch delivers for
+// the same routing: DeepEP's internode dispatch places each row at the source rank's
+// prefix plus the source channel's start plus its place in the channel, which is that
+// same order. So internode_dispatch takes them from normal_dispatch; what is its own
+// is DeepEP's ten-entry handle and the forwarders' view that combine runs backwards.
+//
+// Channels: channel c of a rank with T tokens holds tokens [T c / C, T (c + 1) / C),
+// the split turnout's intranode kernels use (DeepEP's is ceil(T / C)-sized pieces:
+// its channel entries equal these where the two splits agree).
+
+struct InternodeParams {
+  int num_nvl_ranks = 0;  // D, a divisor of R, at most 32 (a mask bit per local rank)
+  int num_channels = 0;   // C of the channel entries; 0 leaves them empty
+};
+
+// One rank's result. "Domain" is DeepEP's "RDMA rank". Entries marked [i] are DeepEP's
+// handle[i], with DeepEP's meaning wherever the channel split agrees.
+struct InternodeDispatchResult {
+  NormalDispatchResult normal;  // the user-visible outputs: normal_dispatch's
+  int num_nvl_ranks = 0;        // D
+  int num_channels = 0;         // C
+
+  // [0] [T, R]: the input; combine's rows.
+  std::vector<uint8_t> is_token_in_rank;
+  // [1] [N, C]: this rank's tokens of channels 0..c that reach any rank of domain d.
+  std::vector<int32_t> rdma_channel_prefix_matrix;
+  // [2] [R, C]: this rank's tokens of channels 0..c that go to rank j.
+  std::vector<int32_t> gbl_channel_prefix_matrix;
+  // [3] [N, C]: row s is the forwarded peer's (rank (s, my local index)) row "my domain"
+  // of [1]: tokens it sends to my domain through channels 0..c.
+  std::vector<int32_t> recv_rdma_channel_prefix_matrix;
+  // [4] [N]: inclusive prefix over source domains s of the tokens this rank forwards from
+  // its peer (s, my local index): those that reach any rank of my domain. The last
+  // entry is num_forward. Independent of channels.
+  std::vector<int32_t> recv_rdma_rank_prefix_sum;
+  // [5] [R, C]: the row where the tokens of source rank j's channel c start here.
+  std::vector<int32_t> recv_gbl_channel_prefix_matrix;
+  // [6] [R]: inclusive prefix over source ranks j of the tokens j sends here, so the
+  // rows of source j are [6][j - 1] .. [6][j]: column r of rank_prefix_matrix, the
+  // entry DeepEP users read as handle[-4]. Independent of channels.
+  std::vector<int32_t> recv_gbl_rank_prefix_sum;
+  // [7] DeepEP: per row (source domain, bits of this domain's local ranks the token
+  // reached). Here: the source rank and index are normal.recv_src_rank /
+  // recv_src_idx, and the bits this array [num_recv]. Independent of channels.
+  std::vector<uint32_t> recv_nvl_mask;
+  // [8] [T, N]: token t's place in its channel's stream to domain d (0 for the first
+  // token of the channel that reaches d), -1 where t does not reach d.
+  std::vector<int32_t> send_rdma_head;
+  // [9] [num_forward, D]: forwarded token i's place in its channel's stream to local
+  // rank j of this domain, -1 where it does not go to j. The stream is in forward order
+  // (below); DeepEP's holds the order its forwarder happened to drain its source
+  // domains in, so only the -1 entries compare.
+  std::vector<int32_t> send_nvl_head;
+
+  // This rank as a forwarder: the tokens of its peers (s, my local index), every domain
+  // s, this one included, that reach any rank of this domain. Order: source domain,
+  // then source token (so channel by channel within a source domain).
+  int num_forward = 0;
+  std::vector<int32_t> forward_src_domain;  // [num_forward]
+  std::vector<int32_t> forward_src_idx;     // [num_forward] token index on the source
+  std::vector<uint32_t> forward_nvl_mask;   // [num_forward] bit j: goes to local rank j
+};
+
+// ranks[r] is rank r's input, as for normal_dispatch.
+std::vector<InternodeDispatchResult> internode_dispatch(std::span<const NormalDispatchInput> ranks,
+                                                        const NormalDispatchParams& params,
+                                                        const InternodeParams& internode);
+
+// Two-level combine: the forwarder of each (token, domain) sums the rows of the token's
+// destination ranks in that domain (local rank order), the source sums those partial
+// sums (domain order) and adds the biases. fp64, as normal_combine, which it equals
+// without rounding. round_remote_partials: each partial sum of a domain other than the
+// source's is rounded to bf16 first, as it crosses the network in bf16 (turnout's
+// protocol; DeepEP rounds the source domain's partial too). Then the GPU's result is
+// within its fp32 accumulation of double_to_bf16 of this one, unless a partial lies
+// on a bf16 rounding boundary.
+std::vector<NormalCombineResult> internode_combine(std::span<const NormalCombineInput> ranks,
+                                                   std::span<const InternodeDispatchResult> dispatch, int hidden,
+                                                   int num_topk, bool round_remote_partials, int only_rank = -1);
+
+// Network traffic of one dispatch and one combine, per rank: only what crosses between
+// domains (the NVLink hops are free here). Signals (channel counts, tails, heads, the
+// notify step's counts) are left out: the bytes and puts of token data only.
+struct WireCount {
+  int64_t bytes = 0;
+  int64_t messages = 0;  // puts: per channel and destination, ceil(tokens / chunk_tokens)
+};
+
+struct InternodeWireParams {
+  int64_t row_bytes = 0;  // dispatch's x row: 2H (bf16) or H (fp8)
+  int num_scales = 0;     // fp8 scales per row (H / 128), 0 for bf16
+  int num_topk = 0;       // top-k of dispatch, and columns of combine's topk_weights
+  int hidden = 0;         // H: combine's rows are bf16 [H]
+  int num_nvl_ranks = 0;  // D
+  int num_channels = 1;   // C: a put carries tokens of one channel
+  int chunk_tokens = 1;   // most tokens one put carries (num_max_rdma_chunked_send_tokens)
+};
+
+// Bytes one token takes on the wire. turnout: dispatch = row, scales, top-k ids (int32),
+// weights, each 16-byte aligned, and 16 bytes (source token, domain mask); combine =
+// bf16 row and the weights, each 16-byte aligned. DeepEP: dispatch = row + 8 (source
+// meta) + 4 per scale + 8 per top-k slot, combine = 2H + 8 + 4 per top-k slot, each
+// rounded up to 16.
+int64_t turnout_dispatch_token_bytes(int64_t row_bytes, int num_scales, int num_topk);
+int64_t turnout_combine_token_bytes(int hidden, int num_topk);
+int64_t deepep_dispatch_token_bytes(int64_t row_bytes, int num_scales, int num_topk);
+int64_t deepep_combine_token_bytes(int hidden, int num_topk);
+
+struct InternodeWire {
+  int64_t token_domain_pairs = 0;  // (token, other domain it reaches) of this rank's tokens
+  int64_t token_rank_pairs = 0;    // (token, rank of another domain it reaches)
+  // turnout and DeepEP: one copy per (token, other domain) to the forwarder, and in
+  // combine one partial sum back per (forwarded token of another domain); channels
+  // split as turnout's and DeepEP's kernels split them. Per rank: a protocol without
+  // forwarding, one copy per (token, destination rank of another domain) and one row
+  // back per such received row, channels split as turnout's.
+  WireCount dispatch_turnout, dispatch_deepep, dispatch_per_rank;
+  WireCount combine_turnout, combine_deepep, combine_per_rank;
+};
+
+// Reads num_tokens and is_token_in_rank of each rank's input (the rest may be empty).
+std::vector<InternodeWire> internode_wire(std::span<const NormalDispatchInput> ranks,
+                                          const InternodeWireParams& params);
+
+// ---------------------------------------------------------------------------
 // Low-latency dispatch and combine, all ranks at once
 
 struct LowLatencyDispatchInput {
