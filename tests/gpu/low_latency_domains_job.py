@@ -8,7 +8,9 @@ test_low_latency_domains.py.
 
 TEST is module::function of a suite test (tests/gpu), or one of LOCAL_TESTS
 below. Prints one line per test (PASS / SKIP / FAIL) and exits
-non-zero if any failed."""
+non-zero if any failed. With TURNOUT_JOB_PROGRESS set, each rank says when a
+test starts, and after TURNOUT_JOB_STACKS_AFTER_S (600) seconds prints every
+rank's Python stack and exits: what a hung collective looks like."""
 import os
 import sys
 import time
