@@ -5,9 +5,7 @@
 // device pointers against the host reference, and (a third, in shrink mode)
 // the rank mask. Exit status 0 when every rank passed.
 //
-//   turnout_gpu_cpp_test [num_ranks] [port]
-#include <sys/wait.h>
-#include <unistd.h>
+//   turnout_gpu_cpp_test [num_ranks] [port] [nvl_domain_size: low-latency across domains only]
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fork_ranks.hpp"
 #include "reference.hpp"
 #include "turnout/turnout.hpp"
 
@@ -615,19 +614,6 @@ int main(int argc, char** argv) {
   const uint16_t port = argc > 2 ? static_cast<uint16_t>(std::atoi(argv[2])) : 29611;
   const int nvl_domain_size = argc > 3 ? std::atoi(argv[3]) : 0;
   if (num_ranks < 1) return 1;
-  // Fork before any CUDA call in this process: children own their GPUs.
-  std::vector<pid_t> children;
-  for (int r = 0; r < num_ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, num_ranks, port, nvl_domain_size));
-    children.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  std::printf("%d passed, %d failed\n", num_ranks - failed, failed);
-  return failed ? 1 : 0;
+  // No deadline of its own: the caller's timeout bounds the run.
+  return turnout::fork_ranks::run(num_ranks, 0, [&](int r) { return run_rank(r, num_ranks, port, nvl_domain_size); });
 }
