@@ -36,8 +36,17 @@ for n in $suite_ranks; do
   python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/suite-$n.log" 2>&1
   suite_lines+=("GPU suite --ranks $n: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/suite-$n.log")")
 done
+# The suite scripts/test.sh already ran: its ranks (TURNOUT_TEST_RANKS, else the
+# visible GPUs, at least 4), all on GPU 0 where only one is visible.
+gpus=$(wc -l < "$out/gpus.txt")
+ran_by_test_sh=""
+[ -z "${SKIP_TEST_SH:-}" ] && [ "$gpus" = 1 ] && ran_by_test_sh=${TURNOUT_TEST_RANKS:-4}
 # In turns: a second run's MPS daemon beside a first one's left its ranks no GPU.
 for n in $shared_ranks; do
+  if [ "$n" = "$ran_by_test_sh" ] && [ -z "${SUITE_ARGS:-}" ]; then
+    suite_lines+=("GPU suite --ranks $n, all on GPU 0: run by scripts/test.sh above, not again")
+    continue
+  fi
   start=$(date +%s)
   CUDA_VISIBLE_DEVICES=0 python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
   suite_lines+=("GPU suite --ranks $n, all on GPU 0: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")")
@@ -61,7 +70,7 @@ fi
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
 for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
-for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log"; done
+for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log" 2>/dev/null; done
 [ -f "$out/bench-baseline.log" ] && { echo "== bench-baseline.log (tail)"; tail -n 40 "$out/bench-baseline.log"; }
 [ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"

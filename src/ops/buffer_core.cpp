@@ -8,7 +8,6 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "kernels/launch.hpp"
@@ -110,14 +109,15 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
           "between ranks: rank " +
           std::to_string(r) + " declared " + std::to_string(all[r].nvl_domain_size) + ", rank " +
           std::to_string(bootstrap.rank()) + " declared " + std::to_string(mine.nvl_domain_size) + " (0: the host)");
-    for (const auto& [theirs, ours, name] :
-         {std::tuple{all[r].allow_nvlink_for_low_latency_mode, mine.allow_nvlink_for_low_latency_mode,
-                     "allow_nvlink_for_low_latency_mode"},
-          std::tuple{all[r].enable_shrink, mine.enable_shrink, "enable_shrink"}})
+    const auto same_flag = [&](uint8_t theirs, uint8_t ours, const char* name) {
       if (theirs != ours)
         throw InvalidArgument(std::string("Buffer: ") + name + " differs between ranks: rank " + std::to_string(r) +
                               " passed " + (theirs ? "True" : "False") + ", rank " + std::to_string(bootstrap.rank()) +
                               " passed " + (ours ? "True" : "False"));
+    };
+    same_flag(all[r].allow_nvlink_for_low_latency_mode, mine.allow_nvlink_for_low_latency_mode,
+              "allow_nvlink_for_low_latency_mode");
+    same_flag(all[r].enable_shrink, mine.enable_shrink, "enable_shrink");
     host_ids.push_back(all[r].host_id);
   }
   topology_ = make_topology(bootstrap.rank(), host_ids, declared);

@@ -17,10 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include "thread_ranks.hpp"
 #include "turnout/bootstrap.hpp"
 #include "turnout/error.hpp"
 
 namespace {
+
+using turnout::thread_ranks::expect_no_errors;
+using turnout::thread_ranks::message_of;
+using turnout::thread_ranks::run_ranks;
 
 using turnout::TcpBootstrap;
 using Clock = std::chrono::steady_clock;
@@ -39,50 +44,6 @@ uint16_t free_port() {
   EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-// Runs fn(rank) for ranks [0, count) on threads; returns what each threw.
-std::vector<std::exception_ptr> run_ranks(int count, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(count));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < count; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r]) continue;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << " threw: " << e.what();
-    }
-  }
-}
-
-// Returns the message if `error` holds an E, else fails and returns "".
-template <class E>
-std::string message_of(const std::exception_ptr& error, int rank) {
-  if (!error) {
-    ADD_FAILURE() << "rank " << rank << " threw nothing";
-    return "";
-  }
-  try {
-    std::rethrow_exception(error);
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank " << rank << " threw the wrong type: " << e.what();
-  }
-  return "";
 }
 
 std::vector<std::byte> payload(int rank, size_t n, int round) {

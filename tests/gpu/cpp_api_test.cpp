@@ -5,9 +5,7 @@
 // device pointers against the host reference, and (a third, in shrink mode)
 // the rank mask. Exit status 0 when every rank passed.
 //
-//   turnout_gpu_cpp_test [num_ranks] [port]
-#include <sys/wait.h>
-#include <unistd.h>
+//   turnout_gpu_cpp_test [num_ranks] [port] [nvl_domain_size: low-latency across domains only]
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fork_ranks.hpp"
 #include "reference.hpp"
 #include "turnout/turnout.hpp"
 
@@ -528,8 +527,10 @@ int check_shrink(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
 }
 
 // A Buffer of its own with low_latency_mode (collective), sized for the
-// largest case, then each case's dispatch and combine.
-int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
+// largest case, then each case's dispatch and combine. `nvl_domain_size` > 0
+// declares NVL domains of that size: the group then spans domains and runs
+// over NVSHMEM.
+int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks, int nvl_domain_size = 0) {
   const LowLatencyCase cases[] = {
       {16, 1024, 4, 4, false, false, false}, {16, 1024, 4, 4, true, true, false},  {16, 1024, 4, 4, false, true, true},
       {16, 1024, 4, 4, true, false, true},   {16, 1024, 4, 4, false, true, false}, {16, 1024, 4, 4, true, true, true},
@@ -537,6 +538,7 @@ int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
   };
   turnout::BufferOptions options;
   options.low_latency_mode = true;
+  options.nvl_domain_size = nvl_domain_size;
   for (const auto& c : cases)
     options.num_rdma_bytes =
         std::max(options.num_rdma_bytes, turnout::low_latency_required_bytes(c.max_tokens, c.hidden, num_ranks, 16));
@@ -561,13 +563,19 @@ int check_low_latency(turnout::Bootstrap& bootstrap, int rank, int num_ranks) {
   return failed;
 }
 
-int run_rank(int rank, int num_ranks, uint16_t port) {
+int run_rank(int rank, int num_ranks, uint16_t port, int nvl_domain_size) {
   try {
     // Ranks go round-robin over the visible GPUs; several may share one.
     int devices = 0;
     TURNOUT_CUDA_CHECK(cudaGetDeviceCount(&devices));
     TURNOUT_CUDA_CHECK(cudaSetDevice(rank % devices));
     turnout::TcpBootstrap bootstrap(rank, num_ranks, "127.0.0.1", port, std::chrono::seconds(60));
+    if (nvl_domain_size > 0) {
+      // Across declared domains: low-latency mode only (normal mode stays in one domain).
+      if (check_low_latency(bootstrap, rank, num_ranks, nvl_domain_size)) return 1;
+      std::printf("rank %d: ok\n", rank);
+      return 0;
+    }
     turnout::BufferOptions options;
     options.num_nvl_bytes = turnout::Config(4, 8, 256).get_nvl_buffer_size_hint(256 * 2, num_ranks);
     turnout::Buffer buffer(bootstrap, options);
@@ -604,20 +612,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint16_t port = argc > 2 ? static_cast<uint16_t>(std::atoi(argv[2])) : 29611;
+  const int nvl_domain_size = argc > 3 ? std::atoi(argv[3]) : 0;
   if (num_ranks < 1) return 1;
-  // Fork before any CUDA call in this process: children own their GPUs.
-  std::vector<pid_t> children;
-  for (int r = 0; r < num_ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(r, num_ranks, port));
-    children.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  std::printf("%d passed, %d failed\n", num_ranks - failed, failed);
-  return failed ? 1 : 0;
+  // No deadline of its own: the caller's timeout bounds the run.
+  return turnout::fork_ranks::run(num_ranks, 0, [&](int r) { return run_rank(r, num_ranks, port, nvl_domain_size); });
 }

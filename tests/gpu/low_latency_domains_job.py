@@ -8,7 +8,9 @@ test_low_latency_domains.py.
 
 TEST is module::function of a suite test (tests/gpu), or one of LOCAL_TESTS
 below. Prints one line per test (PASS / SKIP / FAIL) and exits
-non-zero if any failed."""
+non-zero if any failed. With TURNOUT_JOB_PROGRESS set, each rank says when a
+test starts, and after TURNOUT_JOB_STACKS_AFTER_S (600) seconds prints every
+rank's Python stack and exits: what a hung collective looks like."""
 import os
 import sys
 import time
@@ -19,13 +21,10 @@ HOST_GRACE_S = 2.0
 
 
 def make_context(rank: int, world_size: int, allow_nvlink: bool):
-    import contextlib
-
     import torch
     import torch.distributed as dist
 
     import harness
-    import turnout
 
     class DomainContext(harness.Context):
         """The harness's context with one group, all ranks (a smaller group
@@ -39,14 +38,9 @@ def make_context(rank: int, world_size: int, allow_nvlink: bool):
             self.num_devices = torch.cuda.device_count()
             self.groups = {world_size: dist.group.WORLD}
 
-        @contextlib.contextmanager
         def buffer(self, group, *args, **kwargs):
             kwargs.setdefault("allow_nvlink_for_low_latency_mode", allow_nvlink)
-            buf = turnout.Buffer(group, *args, explicitly_destroy=True, **kwargs)
-            try:
-                yield buf
-            finally:
-                buf.destroy()
+            return super().buffer(group, *args, **kwargs)
 
     return DomainContext()
 

@@ -11,18 +11,15 @@
 // Ranks that share a GPU need MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 // summing to at most 100 per GPU for NVSHMEM's full support; the caller sets
 // it (tests/gpu/test_nvshmem_window.py does).
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "fork_ranks.hpp"
 #include "runtime/cuda_resources.hpp"
 #include "runtime/nvshmem_loader.hpp"
 #include "runtime/nvshmem_window.hpp"
@@ -131,45 +128,5 @@ int main(int argc, char** argv) {
   const uint16_t port = argc > 2 ? static_cast<uint16_t>(std::atoi(argv[2])) : 29612;
   const int timeout_s = argc > 3 ? std::atoi(argv[3]) : 120;
   if (num_ranks < 1 || timeout_s < 1) return 1;
-  std::fflush(stdout);
-  // Fork before any CUDA call in this process: children own their GPUs.
-  std::vector<pid_t> children;
-  for (int r = 0; r < num_ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int rc = run_rank(r, num_ranks, port);
-      std::fflush(stdout);
-      _exit(rc);
-    }
-    children.push_back(pid);
-  }
-  // A rank stuck in a collective (a peer that failed) would hold the others:
-  // past the deadline the rest are killed and counted as failed.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  std::vector<int> status(num_ranks, -1);
-  int left = num_ranks;
-  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
-    for (int r = 0; r < num_ranks; ++r) {
-      if (status[r] != -1) continue;
-      int s = 0;
-      if (waitpid(children[r], &s, WNOHANG) == children[r]) {
-        status[r] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + (WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-        --left;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  int failed = 0;
-  for (int r = 0; r < num_ranks; ++r) {
-    if (status[r] == -1) {
-      kill(children[r], SIGKILL);
-      waitpid(children[r], nullptr, 0);
-      std::fprintf(stderr, "rank %d: did not finish within %d s (killed)\n", r, timeout_s);
-    } else if (status[r] != 0) {
-      std::fprintf(stderr, "rank %d: exit status %d\n", r, status[r]);
-    }
-    failed += status[r] != 0;
-  }
-  std::printf("%d passed, %d failed\n", num_ranks - failed, failed);
-  return failed ? 1 : 0;
+  return turnout::fork_ranks::run(num_ranks, timeout_s, [&](int r) { return run_rank(r, num_ranks, port); });
 }
