@@ -186,6 +186,7 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
 }
 
 void BufferCore::set_low_latency_table(const std::vector<void*>& regions) {
+  low_latency_regions_ = regions;
   low_latency_table_ = allocate_device(regions.size() * sizeof(void*));
   TURNOUT_CUDA_CHECK(
       cudaMemcpy(low_latency_table_.get(), regions.data(), regions.size() * sizeof(void*), cudaMemcpyHostToDevice));

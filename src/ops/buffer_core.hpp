@@ -52,6 +52,8 @@ class BufferCore {
   // Device table of every rank's low-latency region as this process reaches
   // it by stores, null where only NVSHMEM reaches it.
   void* const* low_latency_table() const { return static_cast<void* const*>(low_latency_table_.get()); }
+  // The same table on the host.
+  const std::vector<void*>& low_latency_regions() const { return low_latency_regions_; }
   // The NVSHMEM library's table where low-latency mode runs over NVSHMEM, else null.
   const NvshmemApi* low_latency_nvshmem() const { return low_latency_nvshmem_; }
   bool timed_out() const { return errors_.timed_out(); }
@@ -113,6 +115,7 @@ class BufferCore {
   int first_peer_rank_ = 0;
   DeviceMemory peer_user_table_;
   DeviceMemory low_latency_table_;  // void* per rank
+  std::vector<void*> low_latency_regions_;
   size_t low_latency_bytes_ = 0;
   void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;

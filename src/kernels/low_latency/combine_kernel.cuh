@@ -504,9 +504,7 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   // Every block reads every expert rank's rows, so every block waits for all
   // (in shrink mode, for every one that counts).
   __shared__ uint32_t live_bits[kRankWords], counted_bits[kRankWords], failed_bits[kRankWords];
-  const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits);
-  clear_rank_bits(counted_bits);
-  clear_rank_bits(failed_bits);
+  const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits, counted_bits, failed_bits);
   bool arrived = true;
   for (int d = static_cast<int>(threadIdx.x); d < g.num_ranks; d += kThreads) {
     const uint64_t start = device::global_timer_ns();

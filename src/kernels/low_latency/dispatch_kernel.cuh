@@ -703,8 +703,6 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxGroupRanks];
   __shared__ uint32_t failed_sources[kRankWords], weightless_sources[kRankWords], live_bits[kRankWords];
-  clear_rank_bits(failed_sources);
-  clear_rank_bits(weightless_sources);
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const int parity = static_cast<int>(seq & 1);
@@ -715,7 +713,7 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
     auto* next = reinterpret_cast<int4*>(fixed->counts[(seq + 2) % kCountSets]);
     for (int i = threadIdx.x; i < kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
   }
-  const PeerSet live = block_live_set(p.group.wait, R, p.group.rank, live_bits);
+  const PeerSet live = block_live_set(p.group.wait, R, p.group.rank, live_bits, failed_sources, weightless_sources);
   const bool all_came = __syncthreads_and(
       wait_for_sources(p, fixed, seq, parity, live, source_tokens, failed_sources, weightless_sources));
   const bool failed = first_rank(failed_sources, R, -1) >= 0;

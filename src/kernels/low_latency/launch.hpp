@@ -13,12 +13,18 @@
 
 namespace turnout::kernels::low_latency {
 
+inline constexpr int kRegionsByValue = kMaxNvlRanks;
+
 // Where a rank's kernels reach the group.
 struct Group {
   // Device table of every rank's low-latency region as this rank reaches it
   // by stores, null where only a network put reaches it (other NVL domains,
   // or every peer without NVLink for low-latency mode).
   void* const* regions = nullptr;
+  // The same table by value where the group has at most kRegionsByValue
+  // ranks: a block copies it from the launch's parameters, with no load from
+  // global memory before its first store.
+  void* regions_by_value[kRegionsByValue] = {};
   int rank = 0;  // this rank's index in the table
   int num_ranks = 0;
   int num_blocks = 1;  // at most the rank's SM budget: receives spin, peers need SMs too

@@ -23,24 +23,27 @@ struct PeerSet {
 };
 
 // Every thread of the block calls it: bit d is set where rank d is this rank
-// or is not masked. `bits` holds kRankWords words of shared memory.
-__device__ __forceinline__ PeerSet block_live_set(const WaitContext& wait, int num_ranks, int self, uint32_t* bits) {
+// or is not masked. `bits` holds kRankWords words of shared memory; the
+// bitsets of `cleared` (as many words) are zeroed in the same pass, so one
+// barrier serves all.
+template <class... Cleared>
+__device__ __forceinline__ PeerSet block_live_set(const WaitContext& wait, int num_ranks, int self, uint32_t* bits,
+                                                  Cleared*... cleared) {
+  const int words = (num_ranks + 31) / 32;
   for (int w = static_cast<int>(threadIdx.x); w < kRankWords; w += static_cast<int>(blockDim.x)) {
-    uint32_t word = 0;
-    for (int b = 0; b < 32; ++b) {
-      const int d = w * 32 + b;
-      if (d < num_ranks && (d == self || !device::rank_masked(wait, wait.first_nvl_rank + d))) word |= 1u << b;
+    ((cleared[w] = 0u), ...);
+    const int in_word = min(max(num_ranks - 32 * w, 0), 32);
+    uint32_t word = in_word == 32 ? ~0u : (1u << in_word) - 1;
+    if (wait.mask != nullptr && w < words) {
+      for (int b = 0; b < in_word; ++b) {
+        const int d = w * 32 + b;
+        if (d != self && device::rank_masked(wait, wait.first_nvl_rank + d)) word &= ~(1u << b);
+      }
     }
     bits[w] = word;
   }
   __syncthreads();
   return {bits};
-}
-
-// Every thread of the block calls it: clears `bits` (kRankWords words).
-__device__ __forceinline__ void clear_rank_bits(uint32_t* bits) {
-  for (int w = static_cast<int>(threadIdx.x); w < kRankWords; w += static_cast<int>(blockDim.x)) bits[w] = 0;
-  __syncthreads();
 }
 
 __device__ __forceinline__ void set_rank_bit(uint32_t* bits, int rank) {

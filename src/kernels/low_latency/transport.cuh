@@ -69,8 +69,9 @@ inline constexpr int kSharedRegionTable = 64;
 template <class Transport>
 __device__ __forceinline__ Transport block_transport(const Group& group, void** table) {
   if (group.num_ranks > kSharedRegionTable) return Transport::in_block(group.regions, group);
+  const bool by_value = group.num_ranks <= kRegionsByValue;
   for (int i = static_cast<int>(threadIdx.x); i < group.num_ranks; i += static_cast<int>(blockDim.x))
-    table[i] = group.regions[i];
+    table[i] = by_value ? group.regions_by_value[i] : group.regions[i];
   __syncthreads();
   return Transport::in_block(table, group);
 }

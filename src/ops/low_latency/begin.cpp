@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "ops/low_latency/low_latency.hpp"
 #include "ops/require.hpp"
@@ -56,6 +58,9 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
            "; size it with get_low_latency_rdma_size_hint";
   });
   shape.group.regions = core.low_latency_table();
+  const std::vector<void*>& regions = core.low_latency_regions();
+  if (R <= kernels::low_latency::kRegionsByValue)
+    std::copy(regions.begin(), regions.end(), shape.group.regions_by_value);
   shape.group.rank = core.topology().rank;
   shape.group.num_ranks = R;
   shape.group.num_blocks = core.sm_budget();
