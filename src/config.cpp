@@ -97,7 +97,10 @@ size_t get_low_latency_rdma_size_hint(int max_tokens, int hidden, int num_ranks,
   require(hidden >= 8 && hidden <= kLowLatencyMaxHidden && hidden % 8 == 0,
           fn + "hidden must be a multiple of 8 in [8, " + std::to_string(kLowLatencyMaxHidden) + "], got " +
               std::to_string(hidden));
-  require_ranks(num_ranks, "get_low_latency_rdma_size_hint");
+  // Low-latency groups go past the normal modes' rank limit: up to one rank per expert.
+  require(num_ranks >= kMinRanks && num_ranks <= kLowLatencyMaxExperts,
+          fn + "num_ranks must be in [" + std::to_string(kMinRanks) + ", " + std::to_string(kLowLatencyMaxExperts) +
+              "], got " + std::to_string(num_ranks));
   require(num_experts > 0 && num_experts % num_ranks == 0 && num_experts <= kLowLatencyMaxExperts,
           fn + "num_experts must be a positive multiple of num_ranks, at most " +
               std::to_string(kLowLatencyMaxExperts) + ", got " + std::to_string(num_experts));

@@ -111,7 +111,7 @@ size_t required_bytes(int num_max_tokens, int hidden, int num_ranks, int num_top
   const char* fn = "low_latency_required_bytes";
   require_in(fn, "num_max_tokens", num_max_tokens, 1, kLowLatencyMaxTokens);
   require_in(fn, "hidden", hidden, 8, kLowLatencyMaxHidden, 8);
-  require_in(fn, "num_ranks", num_ranks, 1, kMaxNvlRanks);
+  require_in(fn, "num_ranks", num_ranks, 1, kLowLatencyMaxExperts);
   require_in(fn, "num_topk", num_topk, 1, kLowLatencyMaxTopk);
   return low_latency_required_bytes(num_max_tokens, hidden, num_ranks, num_topk);
 }
@@ -119,7 +119,7 @@ size_t required_bytes(int num_max_tokens, int hidden, int num_ranks, int num_top
 size_t plan_bytes(int num_max_tokens, int num_ranks, int num_experts) {
   const char* fn = "low_latency_plan_bytes";
   require_in(fn, "num_max_tokens", num_max_tokens, 1, kLowLatencyMaxTokens);
-  require_in(fn, "num_ranks", num_ranks, 1, kMaxNvlRanks);
+  require_in(fn, "num_ranks", num_ranks, 1, kLowLatencyMaxExperts);
   require_in(fn, "num_experts", num_experts, num_ranks, kLowLatencyMaxExperts, num_ranks);
   return low_latency_plan_bytes(num_max_tokens, num_ranks, num_experts);
 }

@@ -21,19 +21,17 @@ namespace turnout::nvshmem {
 struct NvshmemTransport {
   static constexpr bool kReachesFar = true;
 
-  void* const* regions;  // the block's shared copy of group.regions: null for a far peer
+  void* const* regions;  // group.regions or the block's shared copy of it: null for a far peer
   int rank;
-  uint32_t far;
 
   __device__ static NvshmemTransport in_block(void* const* table, const kernels::low_latency::Group& group) {
-    return {table, group.rank, group.far};
+    return {table, group.rank};
   }
 
   __device__ __forceinline__ char* local() const { return static_cast<char*>(regions[rank]); }
   __device__ __forceinline__ char* direct(int peer) const { return static_cast<char*>(regions[peer]); }
-  __device__ __forceinline__ uint32_t far_peers() const { return far; }
   __device__ __forceinline__ char* remote(int peer, int64_t offset) const { return direct(peer) + offset; }
-  __device__ __forceinline__ bool is_far(int peer) const { return (far >> peer & 1) != 0; }
+  __device__ __forceinline__ bool is_far(int peer) const { return regions[peer] == nullptr; }
   // The symmetric address of `offset`: this rank's, which names the peer's too.
   template <typename T>
   __device__ __forceinline__ T* symmetric(int64_t offset) const {

@@ -178,9 +178,18 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   }
   peer_user_table_ = allocate_device(sizeof(user));
   TURNOUT_CUDA_CHECK(cudaMemcpy(peer_user_table_.get(), user, sizeof(user), cudaMemcpyHostToDevice));
-  for (int i = 0; i < kMaxNvlRanks; ++i) peer_low_latency_[i] = low_latency[i];
   local_low_latency_ = low_latency[topology_.nvl_rank()];
-  if (over_nvshmem) open_low_latency_over_nvshmem(bootstrap);
+  if (over_nvshmem)
+    open_low_latency_over_nvshmem(bootstrap);
+  else if (low_latency_bytes_)
+    set_low_latency_table(std::vector<void*>(low_latency, low_latency + topology_.num_nvl_ranks));
+}
+
+void BufferCore::set_low_latency_table(const std::vector<void*>& regions) {
+  low_latency_regions_ = regions;
+  low_latency_table_ = allocate_device(regions.size() * sizeof(void*));
+  TURNOUT_CUDA_CHECK(
+      cudaMemcpy(low_latency_table_.get(), regions.data(), regions.size() * sizeof(void*), cudaMemcpyHostToDevice));
 }
 
 void BufferCore::open_low_latency_over_nvshmem(Bootstrap& bootstrap) {
@@ -205,16 +214,14 @@ void BufferCore::open_low_latency_over_nvshmem(Bootstrap& bootstrap) {
   nvshmem_->barrier(comm_stream_);
   synchronize(comm_stream_, "Buffer");
   const int domain = topology_.rdma_rank();
-  peer_low_latency_.fill(nullptr);
+  std::vector<void*> regions(topology_.num_ranks, nullptr);
   for (int r = 0; r < topology_.num_ranks; ++r) {
-    void* near = nullptr;
     if (r == topology_.rank)
-      near = local_low_latency_;
+      regions[r] = local_low_latency_;
     else if (options_.allow_nvlink_for_low_latency_mode && r / topology_.num_nvl_ranks == domain)
-      near = nvshmem_->peer_ptr(local_low_latency_, r);
-    peer_low_latency_[r] = near;
-    if (near == nullptr) low_latency_far_ |= 1u << r;
+      regions[r] = nvshmem_->peer_ptr(local_low_latency_, r);
   }
+  set_low_latency_table(regions);
 }
 
 void BufferCore::destroy() {
@@ -236,9 +243,8 @@ void BufferCore::destroy() {
   }
   peer_user_table_.reset();
   mask_.reset();
-  peer_low_latency_.fill(nullptr);
+  low_latency_table_.reset();
   local_low_latency_ = nullptr;
-  low_latency_far_ = 0;
   low_latency_nvshmem_ = nullptr;
   // Collective, in this order, on every rank alike (whatever its own calls
   // saw): the symmetric memory, whose free meets every rank first (each has

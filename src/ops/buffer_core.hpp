@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/wait_context.hpp"
 #include "runtime/cuda_resources.hpp"
@@ -48,10 +49,11 @@ class BufferCore {
   // NVLink out of low-latency mode). Its group is every rank.
   size_t low_latency_bytes() const { return low_latency_bytes_; }
   void* local_low_latency() const { return local_low_latency_; }
-  // Rank i's low-latency region as this process reaches it by stores, or
-  // null where only NVSHMEM reaches it (a bit of low_latency_far()).
-  void* peer_low_latency(int i) const { return peer_low_latency_[i]; }
-  uint32_t low_latency_far() const { return low_latency_far_; }
+  // Device table of every rank's low-latency region as this process reaches
+  // it by stores, null where only NVSHMEM reaches it.
+  void* const* low_latency_table() const { return static_cast<void* const*>(low_latency_table_.get()); }
+  // The same table on the host.
+  const std::vector<void*>& low_latency_regions() const { return low_latency_regions_; }
   // The NVSHMEM library's table where low-latency mode runs over NVSHMEM, else null.
   const NvshmemApi* low_latency_nvshmem() const { return low_latency_nvshmem_; }
   bool timed_out() const { return errors_.timed_out(); }
@@ -88,6 +90,8 @@ class BufferCore {
  private:
   // NVSHMEM, the region in its symmetric memory, and which ranks it reaches by stores.
   void open_low_latency_over_nvshmem(Bootstrap& bootstrap);
+  // The device table of low_latency_table().
+  void set_low_latency_table(const std::vector<void*>& regions);
 
   BufferOptions options_;
   double timeout_s_;
@@ -105,13 +109,13 @@ class BufferCore {
   // symmetric memory (freed before NVSHMEM is finalized).
   std::unique_ptr<NvshmemWindow> nvshmem_;
   NvshmemAllocation low_latency_symmetric_;
-  uint32_t low_latency_far_ = 0;
   const NvshmemApi* low_latency_nvshmem_ = nullptr;
   // Global rank of index 0 of the peers a wait names: the NVL domain's first,
   // or 0 where low-latency mode's group spans domains.
   int first_peer_rank_ = 0;
   DeviceMemory peer_user_table_;
-  std::array<void*, kMaxNvlRanks> peer_low_latency_{};  // kernels::low_latency::kMaxGroupRanks
+  DeviceMemory low_latency_table_;  // void* per rank
+  std::vector<void*> low_latency_regions_;
   size_t low_latency_bytes_ = 0;
   void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;

@@ -6,7 +6,9 @@ domain size declared in the environment). Configurations by the run's rank
 count: 2 ranks as 2 domains of 1; 4 as 2 of 2, 4 of 1, and one domain with
 NVLink kept out of low-latency mode; 8 as 2 of 4 and 4 of 2; and where the run
 has a GPU per rank, twice its ranks (8 ranks on 4 GPUs as 2 of 4 and 4 of 2,
-a shorter list of tests)."""
+a shorter list of tests); and with 8 ranks, 16 as 2 domains of 8.
+TURNOUT_DOMAIN_TESTS=short gives every job the shorter list (a run that must
+fit a time limit)."""
 import os
 import subprocess
 import sys
@@ -43,9 +45,13 @@ SHORT_TESTS = (
 def configurations(world_size: int, num_devices: int):
     """(ranks, domain size, NVLink for low-latency mode, tests) of the jobs this run makes."""
     by_ranks = {2: [(2, 1, True)], 4: [(4, 2, True), (4, 1, True), (4, 4, False)], 8: [(8, 4, True), (8, 2, True)]}
-    jobs = [job + (TESTS,) for job in by_ranks.get(world_size, [])]
+    full = SHORT_TESTS if os.environ.get("TURNOUT_DOMAIN_TESTS") == "short" else TESTS
+    jobs = [job + (full,) for job in by_ranks.get(world_size, [])]
     if world_size == num_devices and 2 * world_size in by_ranks:
         jobs += [job + (SHORT_TESTS,) for job in by_ranks[2 * world_size]]
+    if world_size == 8:
+        # Past one NVL domain's 8 ranks: 16 as two full domains.
+        jobs.append((16, 8, True, SHORT_TESTS))
     return jobs
 
 

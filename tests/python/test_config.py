@@ -124,3 +124,10 @@ def test_low_latency_hint_is_monotone(name, values):
 def test_low_latency_hint_rejects_bad_arguments(changes, name):
     with pytest.raises(ValueError, match=name):
         ll_hint(**changes)
+
+
+def test_low_latency_hint_goes_past_the_normal_modes_rank_limit():
+    # One rank per expert at most (1024), past the 160 of the normal modes.
+    assert ll_hint(num_ranks=256) < ll_hint(num_ranks=1024, num_experts=1024)
+    with pytest.raises(ValueError, match="num_ranks"):
+        ll_hint(num_ranks=2048, num_experts=1024)

@@ -14,6 +14,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/rank_mask.cuh"
+#include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/region.hpp"
 
 namespace turnout::kernels::low_latency {
@@ -57,14 +58,15 @@ __device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq,
   return true;
 }
 
-// A sending block, once all its threads' puts are issued: thread d < R adds
-// this block's share of kArrivalsPerCall to peer d's counter at `offset`
-// (block 0 adds what makes the grid's total exact), for the peers of `live`.
+// A sending block, once all its threads' puts are issued: thread x adds this
+// block's share of kArrivalsPerCall to the counters at `offset` of peers x,
+// x + blockDim, ... (block 0 adds what makes the grid's total exact), for the
+// peers of `live`.
 template <class Transport>
-__device__ __forceinline__ void arrive_at_peers(const Transport& tr, int num_ranks, int64_t offset, uint32_t live) {
+__device__ __forceinline__ void arrive_at_peers(const Transport& tr, int num_ranks, int64_t offset, PeerSet live) {
   __syncthreads();
-  if (static_cast<int>(threadIdx.x) < num_ranks && (live >> threadIdx.x & 1))
-    tr.arrive(threadIdx.x, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);
+  for (int d = static_cast<int>(threadIdx.x); d < num_ranks; d += static_cast<int>(blockDim.x))
+    if (live.has(d)) tr.arrive(d, offset, blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1u);
 }
 
 // Thread-level, shrink mode aware: whether call `seq` of peer `peer` (NVL

@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,6 +37,7 @@
 #include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
 #include "kernels/low_latency/logfmt.cuh"
+#include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/region.hpp"
 #include "kernels/low_latency/transport.cuh"
 #include "turnout/error.hpp"
@@ -130,22 +132,18 @@ __device__ __forceinline__ const CombineSignal& combine_signal(const char* local
   return *reinterpret_cast<const CombineSignal*>(local + combine_signal_offset(parity, rank));
 }
 
-template <class Transport>
-__device__ __forceinline__ Transport block_transport(const Group& group, void** table) {
-  if (threadIdx.x < group.num_ranks) table[threadIdx.x] = group.regions[threadIdx.x];
-  __syncthreads();
-  return Transport::in_block(table, group);
-}
-
 // ---------------------------------------------------------------------------
 // Send
 
-// This rank's combine weights of tokens first, first + stride, ... to every
-// rank of `live`: per (token, slot k) the weight, 0 where topk_idx names no
-// expert (that slot's row is dropped), tagged with the call's number.
+// This rank's combine weights of tokens first, first + stride, ... to the
+// ranks of `live` that read them: per (token, slot k) the weight, 0 where
+// topk_idx names no expert (that slot's row is dropped), tagged with the
+// call's number. Groups of up to kPublishToAllRanks send them to every rank;
+// larger ones only to the ranks holding one of the token's experts (the only
+// ranks that read a token's weights, its topk_idx being the dispatch's).
 template <class Transport>
 __device__ void publish_weights(const LowLatencyCombineParams& p, const Transport& tr, uint32_t seq, int parity,
-                                int first, int stride, uint32_t live) {
+                                int first, int stride, PeerSet live) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, T = a.num_tokens;
   const int tokens = first < T ? (T - first + stride - 1) / stride : 0;
@@ -156,8 +154,24 @@ __device__ void publish_weights(const LowLatencyCombineParams& p, const Transpor
         expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k) : 0.0f;
     const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(seq) << 32;
     const int64_t at = p.region.weights_slot(parity, p.group.rank, t) + static_cast<int64_t>(sizeof(TaggedWeight)) * k;
-    for (int d = 0; d < p.group.num_ranks; ++d)
-      if (live >> d & 1) tr.put_tagged(d, at, word);
+    if (p.group.num_ranks <= kPublishToAllRanks) {
+      for (int d = 0; d < p.group.num_ranks; ++d)
+        if (live.has(d)) tr.put_tagged(d, at, word);
+      continue;
+    }
+    const int L = a.num_experts / p.group.num_ranks;
+    const int64_t* ids = a.topk_idx + static_cast<int64_t>(t) * K;
+    for (int j = 0; j < K; ++j) {
+      const int64_t e = __ldg(ids + j);
+      if (e < 0 || e >= a.num_experts) continue;
+      const int d = static_cast<int>(e) / L;
+      bool repeat = false;
+      for (int q = 0; q < j && !repeat; ++q) {
+        const int64_t f = __ldg(ids + q);
+        repeat = f >= 0 && f < a.num_experts && static_cast<int>(f) / L == d;
+      }
+      if (!repeat && live.has(d)) tr.put_tagged(d, at, word);
+    }
   }
 }
 
@@ -286,7 +300,7 @@ __device__ void send_sum(const LowLatencyCombineParams& p, const Transport& tr, 
       }
     }
   }
-  const bool far = (tr.far_peers() >> item.source & 1) != 0;
+  const bool far = tr.is_far(item.source);
   char* dst = far ? tr.local() + p.region.combine_stage_slot(parity, item.source, item.token)
                   : tr.remote(item.source, p.region.combine_slot(parity, item.token, p.group.rank));
   if constexpr (kLogfmt) {
@@ -312,7 +326,7 @@ __device__ void send_sum(const LowLatencyCombineParams& p, const Transport& tr, 
 // tokens with no expert here, are skipped at the cost of a few loads.
 template <bool kLogfmt, class Transport>
 __device__ void send_rows(const LowLatencyCombineParams& p, const Transport& tr, uint32_t seq, int parity,
-                          bool dispatch_weights, uint32_t live, char* stage) {
+                          bool dispatch_weights, PeerSet live, char* stage) {
   const LowLatencyCombineArgs& a = p.args;
   const int R = p.group.num_ranks, M = a.num_max_tokens, K = a.num_topk;
   const int num_x_rows = p.plan.num_local_experts * M * R;
@@ -322,9 +336,12 @@ __device__ void send_rows(const LowLatencyCombineParams& p, const Transport& tr,
   const uint16_t* token_slots = plan_array<uint16_t>(p, p.plan.token_slots);
   const float* token_weights = plan_array<float>(p, p.plan.token_weights);
   // Lane s < R: the tokens source s sent (at most M, whatever the plan says).
-  const int lane_tokens =
-      lane < R && (live >> lane & 1) ? max(0, min(plan_array<int32_t>(p, p.plan.source_tokens)[lane], M)) : 0;
-  const int max_tokens = __reduce_max_sync(~0u, lane_tokens);
+  const int32_t* source_tokens = plan_array<int32_t>(p, p.plan.source_tokens);
+  // The tokens source s sent (at most M, whatever the plan says); none for a masked source.
+  auto tokens_of = [&](int s) { return live.has(s) ? max(0, min(source_tokens[s], M)) : 0; };
+  int most = 0;
+  for (int s = lane; s < R; s += 32) most = max(most, tokens_of(s));
+  const int max_tokens = __reduce_max_sync(~0u, most);
   const int C = num_chunks(a.hidden);
   const int num_items = max_tokens * R * C;
   for (int i = global_warp(); i < num_items; i += num_global_warps()) {
@@ -332,7 +349,7 @@ __device__ void send_rows(const LowLatencyCombineParams& p, const Transport& tr,
     item.chunk = i % C;
     item.source = i / C % R;
     item.token = i / (C * R);
-    if (item.token >= __shfl_sync(~0u, lane_tokens, item.source)) continue;
+    if (item.token >= tokens_of(item.source)) continue;
     const int64_t entry = static_cast<int64_t>(item.source) * M + item.token;
     // Loaded together: entries past the count are stale, and masked below.
     const int n = min(token_entries[entry], K);
@@ -360,13 +377,14 @@ __device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, cons
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const int parity = static_cast<int>(seq & 1);
   const int64_t signal = combine_signal_offset(parity, g.rank);
-  const uint32_t live = device::live_peers(g.wait, g.num_ranks, g.rank);
+  __shared__ uint32_t live_bits[kRankWords];
+  const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits);
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   const int misfit = plan_misfit(header, p.args, g.num_ranks);
   const bool dispatch_weights = header.has_weights != 0;
   if (misfit != 0) {
-    if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < g.num_ranks && (live >> threadIdx.x & 1))
-      tr.set_word(threadIdx.x, signal + offsetof(CombineSignal, bad_call), seq);
+    for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < g.num_ranks; d += kThreads)
+      if (live.has(d)) tr.set_word(d, signal + offsetof(CombineSignal, bad_call), seq);
     if (blockIdx.x == 0 && threadIdx.x == 0)
       device::record_error(g.wait.errors, DeviceErrorCode::kBadHandle, g.wait.rank, g.wait.rank,
                            static_cast<int>(OpKind::kLowLatencyCombine), misfit, 0);
@@ -388,11 +406,21 @@ __device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, cons
 // ---------------------------------------------------------------------------
 // Receive
 
+// Takes the lowest rank among the slots of `rest` (lane k holds slot k's
+// rank; warp-uniform), dropping every slot of that rank, or reports none left.
+__device__ __forceinline__ bool next_rank(uint32_t& rest, int rank, int& d) {
+  if (rest == 0) return false;
+  const int lane = threadIdx.x % 32;
+  d = __reduce_min_sync(~0u, (rest >> lane & 1) ? rank : INT_MAX);
+  rest &= ~__ballot_sync(~0u, rank == d);
+  return true;
+}
+
 // Out row t, chunk c = the sum of the rows (t, d) of the ranks d of `counted`
 // holding one of the token's experts, d ascending, in fp32, rounded to bf16
 // once.
 template <bool kLogfmt>
-__device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self, int parity, uint32_t counted) {
+__device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self, int parity, PeerSet counted) {
   const LowLatencyCombineArgs& a = p.args;
   const int K = a.num_topk, H = a.hidden, E = a.num_experts, n16 = H / 8;
   const int L = p.plan.num_local_experts;
@@ -407,15 +435,16 @@ __device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self
     // rejects them, so they only come from a topk_idx it never saw).
     const int64_t expert = lane < K ? __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane) : -1;
     const bool named = expert >= 0 && expert < E;
-    const uint32_t ranks = __reduce_or_sync(~0u, named ? 1u << (static_cast<int>(expert) / L) : 0u) & counted;
+    const int rank = named ? static_cast<int>(expert) / L : -1;
+    const uint32_t slots = __ballot_sync(~0u, named && counted.has(rank));
     float acc[16] = {};
-    for (uint32_t rest = ranks; rest != 0;) {
+    for (uint32_t rest = slots; rest != 0;) {
       bool has[kRows];
       const char* row[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         int d = 0;
-        has[r] = next_entry(rest, d);
+        has[r] = next_rank(rest, rank, d);
         row[r] = self + p.region.combine_slot(parity, t, d);
       }
       if constexpr (kLogfmt) {
@@ -474,46 +503,34 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   const int parity = static_cast<int>(seq & 1);
   // Every block reads every expert rank's rows, so every block waits for all
   // (in shrink mode, for every one that counts).
-  const uint32_t live = device::live_peers(g.wait, g.num_ranks, g.rank);
-  bool arrived = true, counts = false;
-  if (static_cast<int>(threadIdx.x) < g.num_ranks) {
-    const int d = static_cast<int>(threadIdx.x);
+  __shared__ uint32_t live_bits[kRankWords], counted_bits[kRankWords], failed_bits[kRankWords];
+  const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits, counted_bits, failed_bits);
+  bool arrived = true;
+  for (int d = static_cast<int>(threadIdx.x); d < g.num_ranks; d += kThreads) {
     const uint64_t start = device::global_timer_ns();
     const uint32_t target = arrivals_after(seq);
     const uint32_t* arrivals = &fixed->combine[parity][d].arrivals;
     bool failed = false;
-    counts = peer_counts(g.receive_wait, d, WaitSite::kLowLatencyCombine, &fixed->local.combine_verdict[d], seq,
-                         live >> d & 1, failed,
-                         [&] { return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0; });
-    arrived = !failed;
+    const bool counts =
+        peer_counts(g.receive_wait, d, WaitSite::kLowLatencyCombine, &fixed->local.combine_verdict[d], seq, live.has(d),
+                    failed, [&] { return static_cast<int32_t>(device::load_acquire_sys(arrivals) - target) >= 0; });
+    arrived &= !failed;
+    if (counts) set_rank_bit(counted_bits, d);
+    // The bad-call word of a rank whose arrivals this thread acquired.
+    if (counts && !failed && __ldcg(&fixed->combine[parity][d].bad_call) == seq) set_rank_bit(failed_bits, d);
     if (blockIdx.x == 0 && a.wait_recv_cost_stats != nullptr)
       a.wait_recv_cost_stats[d] += static_cast<int64_t>(device::global_timer_ns() - start);
   }
   const bool all_arrived = __syncthreads_and(arrived) != 0;
-  // Lane d < R reads the bad-call word of the rank whose arrivals it acquired.
-  __shared__ uint32_t s_failed_ranks, s_counted;
-  if (threadIdx.x < 32) {
-    const int d = static_cast<int>(threadIdx.x);
-    const bool mine = d < g.num_ranks && counts;
-    const uint32_t failed =
-        __ballot_sync(~0u, all_arrived && mine && __ldcg(&fixed->combine[parity][d].bad_call) == seq);
-    const uint32_t counted = __ballot_sync(~0u, mine);
-    if (d == 0) {
-      s_failed_ranks = failed;
-      s_counted = counted;
-    }
-  }
-  __syncthreads();
-  const uint32_t failed_ranks = s_failed_ranks;
+  const int failed_rank = first_rank(failed_bits, g.num_ranks, -1);
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   // A misfit plan is this rank's own error: its send recorded it.
   const int misfit = plan_misfit(header, a, g.num_ranks);
-  if (all_arrived && failed_ranks == 0 && misfit == 0)
-    reduce_tokens<kLogfmt>(p, tr.local(), parity, s_counted);
+  if (all_arrived && failed_rank < 0 && misfit == 0)
+    reduce_tokens<kLogfmt>(p, tr.local(), parity, PeerSet{counted_bits});
   else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
-                         g.wait.first_nvl_rank + __ffs(failed_ranks) - 1, static_cast<int>(OpKind::kLowLatencyCombine),
-                         0, 0);
+                         g.wait.first_nvl_rank + failed_rank, static_cast<int>(OpKind::kLowLatencyCombine), 0, 0);
   if (send_seq != 0)
     advance_both(&fixed->local.combine_send, send_seq, &fixed->local.combine_recv, seq,
                  &fixed->combine[send_seq & 1][g.rank].arrivals);
@@ -527,7 +544,7 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
 template <bool kLogfmt, class Transport>
 __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ LowLatencyCombineParams p, const int phases) {
-  __shared__ void* table[kMaxGroupRanks];
+  __shared__ void* table[kSharedRegionTable];
   __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;

@@ -39,6 +39,7 @@
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
+#include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/transport.cuh"
 #include "turnout/error.hpp"
 
@@ -66,9 +67,10 @@ static_assert(offsetof(FixedArea, counts) % 16 == 0 && kMaxLocalExperts % 4 == 0
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
 static_assert(kLowLatencyMaxHidden / kScaleGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
-static_assert(kMaxGroupRanks < 31);
-// The bit of a destination mask that stands for this rank's staging area.
+// A token's destinations are lane masks over its top-k slots (lanes below
+// kLowLatencyMaxTopk); the bit above stands for this rank's staging area.
 constexpr int kStageTarget = 31;
+static_assert(kLowLatencyMaxTopk < kStageTarget);
 
 struct LowLatencyDispatchParams {
   LowLatencyDispatchArgs args;
@@ -83,20 +85,17 @@ __host__ __device__ constexpr int64_t signal_offset(int parity, int source) {
          (static_cast<int64_t>(parity) * kMaxGroupRanks + source) * static_cast<int64_t>(sizeof(DispatchSignal));
 }
 
-// Where source `source`'s counts of set `set` lie in a region.
-__host__ __device__ constexpr int64_t counts_offset(int set, int source) {
-  return static_cast<int64_t>(offsetof(FixedArea, counts)) + (static_cast<int64_t>(set) * kMaxGroupRanks + source) *
-                                                                 kMaxLocalExperts *
-                                                                 static_cast<int64_t>(sizeof(int32_t));
+// Where source `source`'s counts of set `set` lie in a region (L experts a rank).
+__host__ __device__ constexpr int64_t counts_offset(int set, int source, int experts_per_rank) {
+  return static_cast<int64_t>(offsetof(FixedArea, counts)) +
+         (static_cast<int64_t>(set) * kLowLatencyMaxExperts + static_cast<int64_t>(source) * experts_per_rank) *
+             static_cast<int64_t>(sizeof(int32_t));
 }
 
-// The peers' regions, copied once per block from the launch's parameters into
-// shared memory: every put looks its peer up there.
-template <class Transport>
-__device__ __forceinline__ Transport block_transport(const Group& group, void** table) {
-  if (threadIdx.x < group.num_ranks) table[threadIdx.x] = group.regions[threadIdx.x];
-  __syncthreads();
-  return Transport::in_block(table, group);
+// The index of the n-th set bit of m (n from 0; m has more than n).
+__device__ __forceinline__ int nth_set_bit(unsigned m, int n) {
+  for (; n > 0; --n) m &= m - 1;
+  return __ffs(static_cast<int>(m)) - 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -136,21 +135,24 @@ __device__ __forceinline__ RowPass load_pass(const int4* row, int n16, int first
   return pass;
 }
 
-// Where a payload goes for bit d of a target mask: a near destination's slot,
-// or this rank's staging area (kStageTarget).
+// Where a payload goes for bit k of a target mask: the slot of the rank that
+// top-k slot k names (`rank`, lane k's), or this rank's staging area
+// (kStageTarget). Warp-wide.
 template <class Transport>
-__device__ __forceinline__ char* payload_target(const Transport& tr, int d, int64_t payload, char* stage) {
+__device__ __forceinline__ char* payload_target(const Transport& tr, int k, int rank, int64_t payload, char* stage) {
+  const int d = __shfl_sync(~0u, rank, k & 31);
   if constexpr (Transport::kReachesFar) {
-    if (d == kStageTarget) return stage;
+    if (k == kStageTarget) return stage;
   }
   return tr.direct(d) + payload;
 }
 
 template <class Transport>
-__device__ __forceinline__ void put_bf16_pass(const Transport& tr, unsigned targets, int64_t payload, char* stage,
-                                              const RowPass& pass, int n16, int first, int stride, int lane) {
+__device__ __forceinline__ void put_bf16_pass(const Transport& tr, unsigned targets, int rank, int64_t payload,
+                                              char* stage, const RowPass& pass, int n16, int first, int stride,
+                                              int lane) {
   for (unsigned m = targets; m; m &= m - 1) {
-    char* base = payload_target(tr, __ffs(m) - 1, payload, stage);
+    char* base = payload_target(tr, __ffs(m) - 1, rank, payload, stage);
 #pragma unroll
     for (int u = 0; u < kUnitsPerPass; ++u) {
       const int w = (first + u * stride) * kUnitWords + lane;
@@ -166,9 +168,9 @@ __device__ __forceinline__ void put_bf16_pass(const Transport& tr, unsigned targ
 // odd lanes hi words lane - 1, lane. Lane 0 stores the unit's four scales
 // (zeros past the row's groups).
 template <class Transport>
-__device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targets, int64_t payload, char* stage,
-                                             const RowPass& pass, int hidden, bool round_scale, int first, int stride,
-                                             int lane) {
+__device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targets, int rank, int64_t payload,
+                                             char* stage, const RowPass& pass, int hidden, bool round_scale, int first,
+                                             int stride, int lane) {
   const int n16 = hidden / 8, num_groups = hidden / kScaleGroup;
   const bool odd = lane & 1;
   int4 bytes[kUnitsPerPass];
@@ -193,7 +195,7 @@ __device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targe
                   __float_as_int(g + 2 < num_groups ? hi.scale : 0.0f), __float_as_int(g + 3 < num_groups ? s3 : 0.0f));
   }
   for (unsigned m = targets; m; m &= m - 1) {
-    char* base = payload_target(tr, __ffs(m) - 1, payload, stage);
+    char* base = payload_target(tr, __ffs(m) - 1, rank, payload, stage);
 #pragma unroll
     for (int u = 0; u < kUnitsPerPass; ++u) {
       const int unit = first + u * stride;
@@ -210,22 +212,24 @@ __device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targe
 // learns that this call of this rank had a bad input, before the block arrives.
 template <class Transport>
 __device__ __noinline__ void report_invalid_expert(const LowLatencyDispatchParams& p, const Transport& tr, uint32_t seq,
-                                                   int parity, int token, int slot, int64_t expert, uint32_t live) {
+                                                   int parity, int token, int slot, int64_t expert, PeerSet live) {
   device::record_error(p.group.wait.errors, DeviceErrorCode::kInvalidExpert, p.group.wait.rank, slot, 0, token, expert);
   for (int d = 0; d < p.group.num_ranks; ++d)
-    if (live >> d & 1) tr.set_word(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call), seq);
+    if (live.has(d)) tr.set_word(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call), seq);
 }
 
 // The first warp of a team: each destination's header, built in this warp's
 // shared memory (lane k fills the entry of top-k slot k when k is the first
-// slot naming its expert) and put as 16-byte words (a far destination's into
-// its staged header, at `staged` + d headers); and one more token for each
-// distinct expert in its destination's count.
+// slot naming its expert; header i is the i-th destination of `dests`) and
+// put as 16-byte words (a far destination's into its staged header, at
+// `staged` + i headers); and one more token for each distinct expert in its
+// destination's count. `dests`: the first slot of each destination rank that
+// is sent to; `far`: those out of load/store reach.
 template <class Transport>
 __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* headers, int64_t counts, uint32_t seq,
                                             int token, int64_t slot, int64_t staged, int expert, float weight,
-                                            int num_topk, int experts_per_rank, unsigned dests, unsigned far,
-                                            int lane) {
+                                            int num_topk, int experts_per_rank, const TokenRanks& ranks, unsigned dests,
+                                            unsigned far, int lane) {
   const unsigned below = (1u << lane) - 1;
   const bool named = expert >= 0;
   const unsigned same = __match_any_sync(~0u, named ? expert : -1 - lane);
@@ -238,12 +242,15 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
       if (first && k > lane && (same >> k & 1)) sum += w;
     }
   }
-  const int dst = named ? expert / experts_per_rank : 0;
-  const unsigned peers = __match_any_sync(~0u, first ? dst : -1 - lane);
-  if (first) {
-    MessageHeader& h = headers[dst];
+  // The first slot naming this lane's rank stands for it in `dests`.
+  const unsigned same_rank = __match_any_sync(~0u, named ? ranks.rank : -1 - lane);
+  const int leader = __ffs(static_cast<int>(same_rank)) - 1;
+  const bool sent = first && (dests >> leader & 1);
+  const unsigned peers = __match_any_sync(~0u, sent ? ranks.rank : -1 - lane);
+  if (sent) {
+    MessageHeader& h = headers[__popc(dests & ((1u << leader) - 1))];
     const int j = __popc(peers & below);
-    const int local_expert = expert - dst * experts_per_rank;
+    const int local_expert = expert - ranks.rank * experts_per_rank;
     h.local_expert[j] = static_cast<int16_t>(local_expert);
     h.slots[j] = static_cast<uint16_t>(same);  // lanes past the top-k name nothing, so only slots < K
     h.weight[j] = sum;
@@ -253,15 +260,18 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
       h.num_entries = __popc(peers);
       h.pad = 0;
     }
-    tr.add(dst, counts + 4 * static_cast<int64_t>(local_expert), 1);
+    tr.add(ranks.rank, counts + 4 * static_cast<int64_t>(local_expert), 1);
   }
   __syncwarp();
-  for (int i = lane; i < kMaxGroupRanks * kHeaderWords; i += 32) {
-    const int d = i / kHeaderWords, w = i % kHeaderWords;
-    if (!(dests >> d & 1)) continue;
-    const int4 word = reinterpret_cast<const int4*>(&headers[d])[w];
-    if (far >> d & 1)
-      device::store_16(tr.local() + staged + static_cast<int64_t>(sizeof(MessageHeader)) * d + 16 * w, word);
+  const int words = __popc(dests) * kHeaderWords;
+  for (int base = 0; base < words; base += 32) {
+    const int i = base + lane, index = i < words ? i / kHeaderWords : 0, w = i % kHeaderWords;
+    const int k = nth_set_bit(dests, index);
+    const int d = __shfl_sync(~0u, ranks.rank, k);
+    if (i >= words) continue;
+    const int4 word = reinterpret_cast<const int4*>(&headers[index])[w];
+    if (far >> k & 1)
+      device::store_16(tr.local() + staged + static_cast<int64_t>(sizeof(MessageHeader)) * index + 16 * w, word);
     else
       tr.put_16(d, slot + 16 * w, word);
   }
@@ -273,7 +283,7 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
 template <class Transport>
 __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, const Transport& tr,
                                            MessageHeader* headers, uint32_t seq, int parity, int t, int team,
-                                           int member, int team_warps, int lane, uint32_t live) {
+                                           int member, int team_warps, int lane, PeerSet live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
   const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
@@ -293,14 +303,16 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   }
   const int expert = static_cast<int>(id);
   const int L = E / p.group.num_ranks;
-  const unsigned dests = __reduce_or_sync(~0u, expert >= 0 ? 1u << (expert / L) : 0u) & live;
+  const TokenRanks ranks = token_ranks(expert, L, lane);
+  const unsigned dests = __ballot_sync(~0u, ranks.rank >= 0 && live.has(ranks.rank)) & ranks.firsts;
   if (dests == 0) return;
-  const unsigned far = dests & tr.far_peers();
+  unsigned far = 0;
+  if constexpr (Transport::kReachesFar) far = __ballot_sync(~0u, ranks.rank >= 0 && tr.is_far(ranks.rank)) & dests;
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
   const int64_t staged = p.region.header_stage_slot(parity, t, 0);
   if (member == 0)
-    put_headers(tr, headers, counts_offset(seq % kCountSets, p.group.rank), seq, t, slot, staged, expert, weight, K, L,
-                dests, far, lane);
+    put_headers(tr, headers, counts_offset(seq % kCountSets, p.group.rank, L), seq, t, slot, staged, expert, weight, K,
+                L, ranks, dests, far, lane);
   constexpr int64_t kHeaderBytes = sizeof(MessageHeader);
   const int64_t payload = slot + kHeaderBytes;
   char* stage = tr.local() + p.region.dispatch_stage_slot(parity, t) + kHeaderBytes;
@@ -308,9 +320,9 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
     if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
     if (a.use_fp8)
-      put_fp8_pass(tr, targets, payload, stage, pass, H, a.round_scale, first, team_warps, lane);
+      put_fp8_pass(tr, targets, ranks.rank, payload, stage, pass, H, a.round_scale, first, team_warps, lane);
     else
-      put_bf16_pass(tr, targets, payload, stage, pass, n16, first, team_warps, lane);
+      put_bf16_pass(tr, targets, ranks.rank, payload, stage, pass, n16, first, team_warps, lane);
   }
   if constexpr (Transport::kReachesFar) {
     if (far == 0) return;
@@ -322,8 +334,9 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
     if (member != 0) return;
     const int64_t payload_bytes = a.use_fp8 ? H + 16 * static_cast<int64_t>(units) : 2 * static_cast<int64_t>(H);
     for (unsigned m = far; m; m &= m - 1) {
-      const int d = __ffs(m) - 1;
-      tr.put_warp(d, slot, tr.local() + staged + kHeaderBytes * d, kHeaderBytes);
+      const int k = __ffs(m) - 1;
+      const int d = __shfl_sync(~0u, ranks.rank, k);
+      tr.put_warp(d, slot, tr.local() + staged + kHeaderBytes * __popc(dests & ((1u << k) - 1)), kHeaderBytes);
       tr.put_warp(d, payload, stage, payload_bytes);
     }
   }
@@ -334,9 +347,10 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
 // block's arrival at every rank (in shrink mode: every unmasked rank).
 template <class Transport>
 __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const Transport& tr, uint32_t seq) {
-  __shared__ __align__(16) MessageHeader headers[kWarps][kMaxGroupRanks];
+  __shared__ __align__(16) MessageHeader headers[kWarps][kLowLatencyMaxTopk];
+  __shared__ uint32_t live_bits[kRankWords];
   const int parity = static_cast<int>(seq & 1);
-  const uint32_t live = device::live_peers(p.group.wait, p.group.num_ranks, p.group.rank);
+  const PeerSet live = block_live_set(p.group.wait, p.group.num_ranks, p.group.rank, live_bits);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
   const int team = warp / teams.warps, member = warp % teams.warps;
@@ -346,8 +360,8 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
     send_token(p, tr, headers[warp], seq, parity, t, team, member, teams.warps, lane, live);
   }
   const int64_t signal = signal_offset(parity, p.group.rank);
-  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.group.num_ranks && (live >> threadIdx.x & 1)) {
-    const int d = threadIdx.x;
+  for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < p.group.num_ranks; d += kThreads) {
+    if (!live.has(d)) continue;
     tr.set_word(d, signal + offsetof(DispatchSignal, num_tokens), static_cast<uint32_t>(p.args.num_tokens));
     tr.set_word(d, signal + offsetof(DispatchSignal, has_weights),
                 p.args.topk_weights != nullptr || p.args.num_tokens == 0);
@@ -372,21 +386,18 @@ __device__ __forceinline__ void write_plan_header(const LowLatencyDispatchParams
   h->failed = failed;
 }
 
-// Thread s < R waits for source s's arrivals, then notes its token count and
-// whether it had a bad input. Returns false on a timeout (recorded). In shrink
-// mode a source that is masked, or does not come in time, sends nothing.
+// Source s: waits for its arrivals, notes its token count and its bad-input
+// and weights bits.
 __device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& p, FixedArea* fixed, uint32_t seq,
-                                                int parity, uint32_t live, int32_t* source_tokens,
+                                                int parity, int s, bool live, int32_t* source_tokens,
                                                 uint32_t* failed_sources, uint32_t* weightless_sources) {
-  const int s = threadIdx.x;
-  if (s >= p.group.num_ranks) return true;
   const DispatchSignal& signal = fixed->dispatch[parity][s];
   const uint64_t start = device::global_timer_ns();
   const uint32_t target = arrivals_after(seq);
   bool failed = false;
-  const bool counts = peer_counts(
-      p.group.wait, s, WaitSite::kLowLatencyDispatch, &fixed->local.dispatch_verdict[s], seq, live >> s & 1, failed,
-      [&] { return static_cast<int32_t>(device::load_acquire_sys(&signal.arrivals) - target) >= 0; });
+  const bool counts =
+      peer_counts(p.group.wait, s, WaitSite::kLowLatencyDispatch, &fixed->local.dispatch_verdict[s], seq, live, failed,
+                  [&] { return static_cast<int32_t>(device::load_acquire_sys(&signal.arrivals) - target) >= 0; });
   if (failed) return false;
   if (!counts) {
     source_tokens[s] = 0;
@@ -395,9 +406,22 @@ __device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& 
   if (blockIdx.x == 0 && p.args.wait_recv_cost_stats != nullptr)
     p.args.wait_recv_cost_stats[s] += static_cast<int64_t>(device::global_timer_ns() - start);
   source_tokens[s] = min(max(__ldcg(&signal.num_tokens), 0), p.args.num_max_tokens);
-  if (__ldcg(&signal.bad_call) == seq) atomicOr(failed_sources, 1u << s);
-  if (__ldcg(&signal.has_weights) == 0) atomicOr(weightless_sources, 1u << s);
+  if (__ldcg(&signal.bad_call) == seq) set_rank_bit(failed_sources, s);
+  if (__ldcg(&signal.has_weights) == 0) set_rank_bit(weightless_sources, s);
   return true;
+}
+
+// Thread x waits for the arrivals of sources x, x + kThreads, ..., then notes
+// each one's token count and whether it had a bad input (bit s of the shared
+// bitsets). Returns false on a timeout (recorded). In shrink mode a source
+// that is masked, or does not come in time, sends nothing.
+__device__ __forceinline__ bool wait_for_sources(const LowLatencyDispatchParams& p, FixedArea* fixed, uint32_t seq,
+                                                 int parity, PeerSet live, int32_t* source_tokens,
+                                                 uint32_t* failed_sources, uint32_t* weightless_sources) {
+  bool ok = true;
+  for (int s = static_cast<int>(threadIdx.x); s < p.group.num_ranks; s += kThreads)
+    ok &= wait_for_source(p, fixed, seq, parity, s, live.has(s), source_tokens, failed_sources, weightless_sources);
+  return ok;
 }
 
 // Exclusive prefix sums of the counts in (expert, source) order: the rows of
@@ -408,6 +432,7 @@ __device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& 
 __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int num_ranks, int num_pairs,
                                             int max_count, const int32_t* source_tokens, int32_t* first_row,
                                             int32_t* warp_sums) {
+  const int experts_per_rank = num_pairs / num_ranks;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i0 = kPairsPerThread * static_cast<int>(threadIdx.x);
   int32_t c[kPairsPerThread];
@@ -416,8 +441,9 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int
   for (int u = 0; u < kPairsPerThread; ++u) {
     const int i = i0 + u;
     const int s = i % num_ranks;
-    c[u] = i < num_pairs && source_tokens[s] > 0 ? min(max(__ldcg(&fixed->counts[set][s][i / num_ranks]), 0), max_count)
-                                                 : 0;
+    c[u] = i < num_pairs && source_tokens[s] > 0
+               ? min(max(__ldcg(&fixed->counts[set][s * experts_per_rank + i / num_ranks]), 0), max_count)
+               : 0;
     sum += c[u];
   }
   const int32_t mine = sum;
@@ -469,7 +495,7 @@ __device__ __forceinline__ void write_counts(const LowLatencyDispatchParams& p, 
       if (a.cumulative_local_expert_recv_stats != nullptr) a.cumulative_local_expert_recv_stats[l] += n;
     }
   }
-  if (id < R) reinterpret_cast<int32_t*>(plan + p.plan.source_tokens)[id] = source_tokens[id];
+  for (int i = id; i < R; i += threads) reinterpret_cast<int32_t*>(plan + p.plan.source_tokens)[i] = source_tokens[i];
   if (id == 0) write_plan_header(p, 0, has_weights);
 }
 
@@ -676,37 +702,34 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxGroupRanks];
-  __shared__ uint32_t failed_sources, weightless_sources;
-  if (threadIdx.x == 0) failed_sources = weightless_sources = 0;
-  __syncthreads();
+  __shared__ uint32_t failed_sources[kRankWords], weightless_sources[kRankWords], live_bits[kRankWords];
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
   const int parity = static_cast<int>(seq & 1);
   const int R = p.group.num_ranks;
   // Every expert's count, not this call's E only: the call two on may have more experts than this one.
-  constexpr int kCountWords = kMaxLocalExperts / 4;
+  constexpr int kCountWords = kLowLatencyMaxExperts / 4;
   if (blockIdx.x == 0) {
     auto* next = reinterpret_cast<int4*>(fixed->counts[(seq + 2) % kCountSets]);
-    for (int i = threadIdx.x; i < R * kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
   }
-  const uint32_t live = device::live_peers(p.group.wait, R, p.group.rank);
+  const PeerSet live = block_live_set(p.group.wait, R, p.group.rank, live_bits, failed_sources, weightless_sources);
   const bool all_came = __syncthreads_and(
-      wait_for_source(p, fixed, seq, parity, live, source_tokens, &failed_sources, &weightless_sources));
-  const uint32_t failed = failed_sources;
-  if (all_came && failed == 0) {
+      wait_for_sources(p, fixed, seq, parity, live, source_tokens, failed_sources, weightless_sources));
+  const bool failed = first_rank(failed_sources, R, -1) >= 0;
+  if (all_came && !failed) {
     scan_counts(fixed, seq % kCountSets, R, p.args.num_experts, p.args.num_max_tokens, source_tokens, first_row,
                 warp_sums);
-    write_counts(p, first_row, source_tokens, weightless_sources == 0);
+    write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
     write_token_entries(p, local, seq, parity, source_tokens);
     place_rows(p, local, seq, parity, first_row, source_tokens);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
     // A source's bad input: no rank places anything. This rank's own send
     // recorded its own bad input, and a timeout is recorded already.
-    const uint32_t peers = failed & ~(1u << p.group.rank);
-    if (all_came && peers != 0)
+    const int peer = first_rank(failed_sources, R, p.group.rank);
+    if (all_came && peer >= 0)
       device::record_error(p.group.wait.errors, DeviceErrorCode::kPeerInputError, p.group.wait.rank,
-                           p.group.wait.first_nvl_rank + __ffs(static_cast<int>(peers)) - 1,
-                           static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
+                           p.group.wait.first_nvl_rank + peer, static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
     write_plan_header(p, 1, 0);
   }
   if (send_seq != 0)
@@ -722,7 +745,7 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
 template <class Transport>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ LowLatencyDispatchParams p, const int phases) {
-  __shared__ void* table[kMaxGroupRanks];
+  __shared__ void* table[kSharedRegionTable];
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.

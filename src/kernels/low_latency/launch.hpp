@@ -13,14 +13,20 @@
 
 namespace turnout::kernels::low_latency {
 
+inline constexpr int kRegionsByValue = kMaxNvlRanks;
+
 // Where a rank's kernels reach the group.
 struct Group {
-  void* regions[kMaxGroupRanks] = {};  // every peer's low-latency region in reach, by value: no table load before a put
-  int rank = 0;                        // this rank's index in the table
+  // Device table of every rank's low-latency region as this rank reaches it
+  // by stores, null where only a network put reaches it (other NVL domains,
+  // or every peer without NVLink for low-latency mode).
+  void* const* regions = nullptr;
+  // The same table by value where the group has at most kRegionsByValue
+  // ranks: a block copies it from the launch's parameters, with no load from
+  // global memory before its first store.
+  void* regions_by_value[kRegionsByValue] = {};
+  int rank = 0;  // this rank's index in the table
   int num_ranks = 0;
-  // The ranks whose region is null above: only a network put reaches them
-  // (other NVL domains, or every peer without NVLink for low-latency mode).
-  uint32_t far = 0;
   int num_blocks = 1;  // at most the rank's SM budget: receives spin, peers need SMs too
   // No other rank of the group runs on this GPU: every block of a grid is
   // resident at once, so a call's send and receive can share one launch.

@@ -26,8 +26,12 @@
 
 namespace turnout::kernels::low_latency {
 
-// The ranks of a low-latency group: today its one NVL domain.
-inline constexpr int kMaxGroupRanks = kMaxNvlRanks;
+// The ranks of a low-latency group, in one NVL domain or across several: at
+// most one per expert.
+inline constexpr int kMaxGroupRanks = kLowLatencyMaxExperts;
+// Groups up to this size publish combine weights to every rank (stores over
+// NVLink are cheap); larger ones only to the ranks holding the token's experts.
+inline constexpr int kPublishToAllRanks = kMaxNvlRanks;
 inline constexpr int kMaxLocalExperts = kLowLatencyMaxExperts;  // one rank may hold them all
 inline constexpr int kScaleGroup = kLowLatencyScaleGroup;
 
@@ -73,7 +77,8 @@ struct DispatchSignal {
 };
 
 // Tokens source s sends to each of the destination's experts in call n, added
-// by s as it sends, in set n & 3 ([set][s][local expert]). The receive of
+// by s as it sends, in set n & 3 ([set][s * L + local expert]; L experts a
+// rank, R * L = E of the call). The receive of
 // call n zeroes set (n + 2) & 3 whole, which call n - 2 used and call n + 2
 // will: no block waits for the others to have read its counts.
 inline constexpr int kCountSets = 4;
@@ -89,7 +94,7 @@ struct FixedArea {
   LocalState local;
   DispatchSignal dispatch[2][kMaxGroupRanks];
   CombineSignal combine[2][kMaxGroupRanks];
-  int32_t counts[kCountSets][kMaxGroupRanks][kMaxLocalExperts];
+  int32_t counts[kCountSets][kLowLatencyMaxExperts];
 };
 
 inline constexpr int64_t kFixedBytes = align_up(sizeof(FixedArea), 4096);
@@ -152,7 +157,7 @@ struct Region {
   int64_t combine_data[2] = {};    // [M][R] rows, [t][d] written by expert rank d
   int64_t weights[2] = {};         // [R][M][kLowLatencyMaxTopk] TaggedWeight, [s][t] written by rank s
   int64_t dispatch_stage[2] = {};  // [M] message slots: token t's payload, once for every far destination
-  int64_t header_stage[2] = {};    // [M][R] MessageHeader: token t's header for far destination d
+  int64_t header_stage[2] = {};    // [M][kLowLatencyMaxTopk] MessageHeader: token t's header for its i-th destination
   int64_t combine_stage[2] = {};   // [R][M] rows: the row for token t of far source s
   int64_t combine_chunks[2] = {};  // [R][M] uint64: call number << 32 | chunks of that row staged
   int64_t total = 0;
@@ -170,8 +175,8 @@ struct Region {
   __host__ __device__ int64_t dispatch_stage_slot(int parity, int token) const {
     return dispatch_stage[parity] + int64_t(token) * message;
   }
-  __host__ __device__ int64_t header_stage_slot(int parity, int token, int dest) const {
-    return header_stage[parity] + (int64_t(token) * num_ranks + dest) * int64_t(sizeof(MessageHeader));
+  __host__ __device__ int64_t header_stage_slot(int parity, int token, int index) const {
+    return header_stage[parity] + (int64_t(token) * kLowLatencyMaxTopk + index) * int64_t(sizeof(MessageHeader));
   }
   __host__ __device__ int64_t combine_stage_slot(int parity, int source, int token) const {
     return combine_stage[parity] + (int64_t(source) * num_max_tokens + token) * combine_row;
@@ -200,7 +205,7 @@ __host__ __device__ inline Region make_region(int num_max_tokens, int hidden, in
   for (int p = 0; p < 2; ++p) r.combine_data[p] = take(M * R * r.combine_row);
   for (int p = 0; p < 2; ++p) r.weights[p] = take(R * M * kLowLatencyMaxTopk * int64_t(sizeof(TaggedWeight)));
   for (int p = 0; p < 2; ++p) r.dispatch_stage[p] = take(M * r.message);
-  for (int p = 0; p < 2; ++p) r.header_stage[p] = take(M * R * int64_t(sizeof(MessageHeader)));
+  for (int p = 0; p < 2; ++p) r.header_stage[p] = take(M * kLowLatencyMaxTopk * int64_t(sizeof(MessageHeader)));
   for (int p = 0; p < 2; ++p) r.combine_stage[p] = take(R * M * r.combine_row);
   for (int p = 0; p < 2; ++p) r.combine_chunks[p] = take(R * M * int64_t(sizeof(uint64_t)));
   r.total = at;

@@ -4,7 +4,7 @@
 //   kReachesFar      whether any peer may be out of load/store reach
 //   local()          this rank's own region (its counters, what peers wrote)
 //   direct(peer)     a peer's region as a pointer to store through (near peers)
-//   far_peers()      the peers only a network put reaches (a bit each)
+//   is_far(peer)     whether only a network put reaches the peer
 //   put_16           one 16-byte word to a near peer
 //   put_tagged       one 8-byte word the reader sees whole or not at all
 //   set_word         one 4-byte word (a flag or a count)
@@ -34,12 +34,12 @@ struct NvlinkTransport {
   void* const* regions;  // every rank's low-latency region (the block's copy in shared memory)
   int rank;
 
-  // `table`: the block's shared copy of group.regions.
+  // `table`: group.regions, or the block's shared copy of it.
   __device__ static NvlinkTransport in_block(void* const* table, const Group& group) { return {table, group.rank}; }
 
   __device__ __forceinline__ char* local() const { return static_cast<char*>(regions[rank]); }
   __device__ __forceinline__ char* direct(int peer) const { return static_cast<char*>(regions[peer]); }
-  __device__ __forceinline__ uint32_t far_peers() const { return 0; }
+  __device__ __forceinline__ bool is_far(int) const { return false; }
   __device__ __forceinline__ char* remote(int peer, int64_t offset) const { return direct(peer) + offset; }
 
   __device__ __forceinline__ void put_16(int peer, int64_t offset, const int4& v) const {
@@ -61,5 +61,19 @@ struct NvlinkTransport {
   // Never called: no peer is far.
   __device__ __forceinline__ void put_warp(int, int64_t, const void*, int64_t) const { __trap(); }
 };
+
+// Groups up to this size copy the region table into each block's shared
+// memory (`table`, this many entries); larger ones read it from global memory.
+inline constexpr int kSharedRegionTable = 64;
+
+template <class Transport>
+__device__ __forceinline__ Transport block_transport(const Group& group, void** table) {
+  if (group.num_ranks > kSharedRegionTable) return Transport::in_block(group.regions, group);
+  const bool by_value = group.num_ranks <= kRegionsByValue;
+  for (int i = static_cast<int>(threadIdx.x); i < group.num_ranks; i += static_cast<int>(blockDim.x))
+    table[i] = by_value ? group.regions_by_value[i] : group.regions[i];
+  __syncthreads();
+  return Transport::in_block(table, group);
+}
 
 }  // namespace turnout::kernels::low_latency

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "ops/low_latency/low_latency.hpp"
 #include "ops/require.hpp"
@@ -55,10 +57,12 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
            str(num_topk) + "), the buffer has " + str(static_cast<int64_t>(core.low_latency_bytes())) +
            "; size it with get_low_latency_rdma_size_hint";
   });
-  for (int i = 0; i < R; ++i) shape.group.regions[i] = core.peer_low_latency(i);
+  shape.group.regions = core.low_latency_table();
+  const std::vector<void*>& regions = core.low_latency_regions();
+  if (R <= kernels::low_latency::kRegionsByValue)
+    std::copy(regions.begin(), regions.end(), shape.group.regions_by_value);
   shape.group.rank = core.topology().rank;
   shape.group.num_ranks = R;
-  shape.group.far = core.low_latency_far();
   shape.group.num_blocks = core.sm_budget();
   shape.group.gpu_to_itself = core.ranks_on_gpu() == 1;
   core.begin_call();
