@@ -109,6 +109,7 @@ if(TURNOUT_NVSHMEM_FOUND)
   # error.cpp gives their launch checks the core's exception, caught at the
   # table's boundary.
   add_library(turnout_nvshmem SHARED src/nvshmem/api.cpp src/nvshmem/ring_test.cu src/nvshmem/low_latency.cu
+    src/nvshmem/internode.cu
     src/runtime/error.cpp)
   target_include_directories(turnout_nvshmem PRIVATE src include)
   target_include_directories(turnout_nvshmem SYSTEM PRIVATE "${TURNOUT_NVSHMEM_INCLUDE_DIR}")

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ops/buffer_core.hpp"
+#include "ops/internode/internode.hpp"
 #include "ops/intranode/intranode.hpp"
 #include "ops/layout/layout.hpp"
 #include "ops/low_latency/low_latency.hpp"
@@ -21,6 +22,7 @@ struct Buffer::State {
   BufferCore core;
   layout::Workspaces layout;
   intranode::CountsMailbox intranode;
+  internode::State internode;
 };
 
 namespace {
@@ -54,6 +56,7 @@ void Buffer::destroy() {
     ~ReleaseModes() {
       state.layout.release();
       state.intranode.release();
+      state.internode.release();
     }
   } release{*state_};
   state_->core.destroy();
@@ -93,7 +96,7 @@ void* const* Buffer::peer_nvl_table() const {
   return state_->core.peer_nvl_table();
 }
 double Buffer::last_host_wait_s() const {
-  return state_->intranode.last_wait_s;
+  return topology().single_nvl_domain() ? state_->intranode.last_wait_s : state_->internode.mailbox.last_wait_s;
 }
 
 void Buffer::get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream) {
@@ -110,6 +113,23 @@ void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
 
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
   intranode::combine(state_->core, args, stream);
+}
+
+InternodeDispatchCounts Buffer::internode_dispatch_counts(const InternodeDispatchCountsArgs& args,
+                                                          cudaStream_t stream) {
+  return internode::dispatch_counts(state_->core, state_->internode, args, stream);
+}
+
+void Buffer::internode_dispatch(const InternodeDispatchArgs& args, cudaStream_t stream) {
+  internode::dispatch(state_->core, args, stream);
+}
+
+void Buffer::internode_combine(const InternodeCombineArgs& args, cudaStream_t stream) {
+  internode::combine(state_->core, args, stream);
+}
+
+size_t Buffer::num_internode_bytes() const {
+  return state_->core.internode_bytes();
 }
 
 void Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args, LowLatencyPhase phase, cudaStream_t stream) {

@@ -2,8 +2,10 @@
 
 #include <string>
 
+#include "kernels/internode/region.hpp"
 #include "kernels/intranode/region.hpp"
 #include "runtime/align.hpp"
+#include "turnout/buffer.hpp"
 #include "turnout/error.hpp"
 #include "turnout/low_latency.hpp"
 #include "turnout/topology.hpp"
@@ -61,15 +63,34 @@ size_t Config::get_nvl_buffer_size_hint(size_t hidden_bytes, int num_ranks) cons
 }
 
 size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks) const {
+  const int declared = default_nvl_domain_size();
+  return get_rdma_buffer_size_hint(hidden_bytes, num_ranks, declared > 0 ? declared : kMaxNvlRanks);
+}
+
+size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks, int num_nvl_ranks) const {
   require(hidden_bytes > 0, "get_rdma_buffer_size_hint: hidden_bytes must be > 0");
   require_ranks(num_ranks, "get_rdma_buffer_size_hint");
-  if (num_ranks <= kMaxNvlRanks) return 0;
-  const size_t rdma_ranks = num_ranks / kMaxNvlRanks;
-  const size_t channels = num_sms / 2;
-  // Send and receive rings per channel and RDMA peer.
-  size_t bytes = 2 * channels * rdma_ranks * (num_max_rdma_chunked_recv_tokens * token_slot_bytes(hidden_bytes) + 64);
-  bytes += rdma_ranks * kMaxNvlRanks * sizeof(int32_t) * 4;
-  return align_up(bytes, 128);
+  require(num_nvl_ranks >= 1 && num_nvl_ranks <= kMaxNvlRanks,
+          "get_rdma_buffer_size_hint: num_nvl_ranks must be in [1, " + std::to_string(kMaxNvlRanks) + "], got " +
+              std::to_string(num_nvl_ranks));
+  if (num_ranks <= num_nvl_ranks) return 0;
+  require(num_ranks % num_nvl_ranks == 0, "get_rdma_buffer_size_hint: num_ranks " + std::to_string(num_ranks) +
+                                              " is no multiple of the NVL domain size " +
+                                              std::to_string(num_nvl_ranks));
+  const int num_domains = num_ranks / num_nvl_ranks;
+  require(num_domains <= kernels::internode::kMaxDomains, "get_rdma_buffer_size_hint: at most " +
+                                                              std::to_string(kernels::internode::kMaxDomains) +
+                                                              " NVL domains, got " + std::to_string(num_domains));
+  // The network region of kernels/internode/region.hpp at the largest top-k
+  // (its counts area is fixed): receive and staging rings per channel and domain.
+  kernels::internode::Shape shape;
+  shape.num_domains = num_domains;
+  shape.num_nvl_ranks = num_nvl_ranks;
+  shape.num_channels = num_sms / 2;
+  shape.net_slots = num_max_rdma_chunked_recv_tokens;
+  shape.nvl_slots = num_max_nvl_chunked_recv_tokens;
+  shape.slot_bytes = static_cast<int>(token_slot_bytes(hidden_bytes));
+  return align_up(kernels::internode::make_net_region(shape).total, 128);
 }
 
 namespace {

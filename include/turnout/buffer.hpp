@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "turnout/bootstrap.hpp"
+#include "turnout/internode.hpp"
 #include "turnout/intranode.hpp"
 #include "turnout/layout.hpp"
 #include "turnout/low_latency.hpp"
@@ -116,11 +117,22 @@ class Buffer {
   DispatchCounts dispatch_counts(const DispatchCountsArgs& args, cudaStream_t stream);
   // Step 2: move the tokens into outputs sized from step 1 (or the handle).
   void dispatch(const DispatchArgs& args, cudaStream_t stream);
-  // Seconds the last host wait for receive counts took, until they arrived:
-  // what a dispatch's host time is counted without.
+  // Seconds the last host wait for receive counts took (of this buffer's
+  // normal mode, intranode or internode), until they arrived: what a
+  // dispatch's host time is counted without.
   double last_host_wait_s() const;
   // Sends expert outputs back to their source ranks and reduces them there.
   void combine(const CombineArgs& args, cudaStream_t stream);
+
+  // Internode normal mode (turnout/internode.hpp), on a buffer whose group
+  // spans NVL domains, built with num_rdma_bytes > 0 and without
+  // low_latency_mode. The same two steps and host wait as intranode; a bad
+  // input on any rank raises on every rank.
+  InternodeDispatchCounts internode_dispatch_counts(const InternodeDispatchCountsArgs& args, cudaStream_t stream);
+  void internode_dispatch(const InternodeDispatchArgs& args, cudaStream_t stream);
+  void internode_combine(const InternodeCombineArgs& args, cudaStream_t stream);
+  // Bytes of the network region (0 unless internode mode opened it).
+  size_t num_internode_bytes() const;
 
   // Low-latency mode (turnout/low_latency.hpp), on a buffer built with
   // low_latency_mode: no host sync, no allocation, CUDA-graph safe. A bad

@@ -25,8 +25,11 @@ struct Config {
   // Bytes of NVL buffer every call made with this config needs. `hidden_bytes`
   // is the row size of x (hidden * element size).
   size_t get_nvl_buffer_size_hint(size_t hidden_bytes, int num_ranks) const;
-  // Bytes of RDMA buffer; 0 when the group fits in one NVL domain.
+  // Bytes of RDMA buffer (the network region of internode mode) for NVL
+  // domains of `num_nvl_ranks` ranks; 0 when the group fits in one. Without
+  // it: the declared domain size (TURNOUT_NVL_DOMAIN_SIZE) if set, else 8.
   size_t get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks) const;
+  size_t get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks, int num_nvl_ranks) const;
 };
 
 // Largest top-k and the channel group every size hint assumes.

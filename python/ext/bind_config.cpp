@@ -23,7 +23,13 @@ void bind_config(nb::module_& m) {
       .def_ro("num_max_rdma_chunked_send_tokens", &Config::num_max_rdma_chunked_send_tokens)
       .def_ro("num_max_rdma_chunked_recv_tokens", &Config::num_max_rdma_chunked_recv_tokens)
       .def("get_nvl_buffer_size_hint", &Config::get_nvl_buffer_size_hint, "hidden_bytes"_a, "num_ranks"_a)
-      .def("get_rdma_buffer_size_hint", &Config::get_rdma_buffer_size_hint, "hidden_bytes"_a, "num_ranks"_a)
+      .def(
+          "get_rdma_buffer_size_hint",
+          [](const Config& c, size_t hidden_bytes, int num_ranks, int num_nvl_ranks) {
+            return num_nvl_ranks != 0 ? c.get_rdma_buffer_size_hint(hidden_bytes, num_ranks, num_nvl_ranks)
+                                      : c.get_rdma_buffer_size_hint(hidden_bytes, num_ranks);
+          },
+          "hidden_bytes"_a, "num_ranks"_a, "num_nvl_ranks"_a = 0)
       .def("__repr__", [](const Config& c) {
         return "Config(num_sms=" + std::to_string(c.num_sms) +
                ", num_max_nvl_chunked_send_tokens=" + std::to_string(c.num_max_nvl_chunked_send_tokens) +

@@ -47,6 +47,7 @@ void bind_events(nb::module_& m);
 BufferClass bind_buffer(nb::module_& m);
 void bind_layout(BufferClass& buffer);
 void bind_intranode(BufferClass& buffer);
+void bind_internode(BufferClass& buffer);
 // Module-level too: the size functions, limits and phase numbers.
 void bind_low_latency(nb::module_& m, BufferClass& buffer);
 

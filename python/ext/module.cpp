@@ -78,5 +78,6 @@ NB_MODULE(_C, m) {
   bindings::BufferClass buffer = bindings::bind_buffer(m);
   bindings::bind_layout(buffer);
   bindings::bind_intranode(buffer);
+  bindings::bind_internode(buffer);
   bindings::bind_low_latency(m, buffer);
 }

@@ -10,6 +10,7 @@ from .buffer import Buffer
 from .checks import TOPK_IDX_DTYPE
 from .event import EventOverlap
 from .ops.handle import DispatchHandle
+from .ops.internode_handle import InternodeHandle
 from .ops.low_latency import LowLatencyHandle
 
 Config = _C.Config
@@ -17,4 +18,4 @@ Config = _C.Config
 # The dtype of expert indices (``topk_idx``) every op takes.
 topk_idx_t: torch.dtype = TOPK_IDX_DTYPE
 
-__all__ = ["Buffer", "Config", "DispatchHandle", "EventOverlap", "LowLatencyHandle", "topk_idx_t"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventOverlap", "InternodeHandle", "LowLatencyHandle", "topk_idx_t"]

@@ -8,7 +8,7 @@ import torch
 from . import _C, bootstrap
 from .checks import check_config, check_int, fail
 from .event import EventOverlap
-from .ops import intranode, layout, low_latency, rank_mask
+from .ops import internode, intranode, layout, low_latency, rank_mask
 from .ops.context import OpContext, require_alive
 
 # Every op's body runs with torch-function dispatch off: under a
@@ -29,6 +29,11 @@ class Buffer:
     default ``TURNOUT_TIMEOUT_S`` or 100 s. ``nvl_domain_size`` (ours) declares
     NVL domains smaller than a host (default ``TURNOUT_NVL_DOMAIN_SIZE``, else
     the host), to emulate several hosts on one; every rank declares the same.
+
+    Without ``low_latency_mode``, a group that spans several NVL domains runs
+    the normal ops in internode mode, over a network region of
+    ``num_rdma_bytes`` (``Config.get_rdma_buffer_size_hint``) in NVSHMEM
+    symmetric memory; within one NVL domain ``num_rdma_bytes`` is unused.
 
     ``low_latency_mode=True`` adds the low-latency region, ``num_rdma_bytes``
     bytes of it (from ``get_low_latency_rdma_size_hint``). When the group spans
@@ -59,14 +64,11 @@ class Buffer:
         for arg, value in (("timeout_s", timeout_s), ("shrink_timeout_s", shrink_timeout_s)):
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 fail(op, arg, "a positive number of seconds", value)
-        # num_rdma_bytes sizes the low-latency region; without low_latency_mode it
-        # would be an internode buffer, which this version does not have.
+        # num_rdma_bytes sizes the low-latency region, or without low_latency_mode
+        # the network region of internode mode (opened only across NVL domains).
         if low_latency_mode and num_rdma_bytes == 0:
             fail(op, "num_rdma_bytes", "> 0 with low_latency_mode=True (size it with "
                  "Buffer.get_low_latency_rdma_size_hint)", 0)
-        if num_rdma_bytes > 0 and not low_latency_mode:
-            raise NotImplementedError("Buffer: num_rdma_bytes > 0 without low_latency_mode (an internode buffer) is "
-                                      "not available in this version of turnout; pass num_rdma_bytes=0")
         if use_fabric:
             raise NotImplementedError("Buffer: use_fabric=True (fabric memory handles) is not available in this "
                                       "version of turnout")
@@ -218,14 +220,20 @@ class Buffer:
         ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``;
         with ``handle`` given (cached mode) only ``recv_x`` and the event.
 
-        The handle is a :class:`DispatchHandle`. ``num_tokens_per_rank`` and
-        ``num_tokens_per_rdma_rank`` are checked but not needed: the counts
-        come from ``is_token_in_rank``. Without ``num_worst_tokens`` the host
+        The handle is a :class:`DispatchHandle`, or across NVL domains
+        (internode mode) an :class:`InternodeHandle`. ``num_tokens_per_rank``
+        and ``num_tokens_per_rdma_rank`` (needed across domains) are checked
+        but not read: the counts come from ``is_token_in_rank``. Without ``num_worst_tokens`` the host
         waits for the receive counts (so such a dispatch cannot be captured in
         a CUDA graph); a bad input on any rank then raises on every rank.
         """
         with _torch_function_off():
             config = self._config("dispatch", config, Buffer.get_dispatch_config)
+            if self._context.num_rdma_ranks > 1:
+                return internode.dispatch(self._context, x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                          is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                                          expert_alignment, num_worst_tokens, config, previous_event, async_finish,
+                                          allocate_on_comm_stream)
             return intranode.dispatch(self._context, x, handle, num_tokens_per_rank, is_token_in_rank,
                                       num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
                                       num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream)
@@ -238,7 +246,34 @@ class Buffer:
         two). Returns ``(combined_x, combined_topk_weights or None, event)``."""
         with _torch_function_off():
             config = self._config("combine", config, Buffer.get_combine_config)
+            if self._context.num_rdma_ranks > 1:
+                return internode.combine(self._context, x, handle, topk_weights, bias, config, previous_event,
+                                         async_finish, allocate_on_comm_stream)
             return intranode.combine(self._context, x, handle, topk_weights, bias, config, previous_event,
+                                     async_finish, allocate_on_comm_stream)
+
+    # -- internode mode (DeepEP's names; dispatch and combine take this path by themselves) --------------------
+
+    def internode_dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                           is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                           expert_alignment: int = 1, num_worst_tokens: int = 0, config=None,
+                           previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                           allocate_on_comm_stream: bool = False):
+        """:meth:`dispatch` across NVL domains; a ValueError on a buffer of one domain."""
+        with _torch_function_off():
+            config = self._config("dispatch", config, Buffer.get_dispatch_config)
+            return internode.dispatch(self._context, x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                      is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                                      expert_alignment, num_worst_tokens, config, previous_event, async_finish,
+                                      allocate_on_comm_stream)
+
+    def internode_combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None, bias=None,
+                          config=None, previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                          allocate_on_comm_stream: bool = False):
+        """:meth:`combine` across NVL domains; a ValueError on a buffer of one domain."""
+        with _torch_function_off():
+            config = self._config("combine", config, Buffer.get_combine_config)
+            return internode.combine(self._context, x, handle, topk_weights, bias, config, previous_event,
                                      async_finish, allocate_on_comm_stream)
 
     # -- low-latency mode ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "nvshmem/internode.hpp"
 #include "nvshmem/low_latency.hpp"
 #include "nvshmem/ring_test.hpp"
 #include "runtime/nvshmem_api.h"
@@ -164,6 +165,13 @@ int low_latency_combine(const void* args, const void* region, const void* group,
   });
 }
 
+int internode_notify(const void* params, cudaStream_t stream) {
+  return guarded("internode_notify", [&] {
+    require(params != nullptr, "needs params");
+    launch_internode_notify(*static_cast<const kernels::internode::NotifyParams*>(params), stream);
+  });
+}
+
 }  // namespace
 }  // namespace turnout::nvshmem
 
@@ -190,6 +198,8 @@ extern "C" __attribute__((visibility("default"))) const turnout_nvshmem_api_v1_t
       .low_latency_group_bytes = sizeof(turnout::kernels::low_latency::Group),
       .low_latency_dispatch = n::low_latency_dispatch,
       .low_latency_combine = n::low_latency_combine,
+      .internode_notify_params_bytes = sizeof(turnout::kernels::internode::NotifyParams),
+      .internode_notify = n::internode_notify,
   };
   return &table;
 }

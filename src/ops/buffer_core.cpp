@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/internode/launch.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/low_latency/launch.hpp"
 #include "runtime/align.hpp"
@@ -135,6 +136,16 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   if (options.low_latency_mode && options.num_rdma_bytes == 0)
     throw InvalidArgument(
         "Buffer: low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint), got 0");
+  // Internode normal mode's network region; within one NVL domain
+  // num_rdma_bytes is unused, as in DeepEP.
+  const bool internode = !options.low_latency_mode && options.num_rdma_bytes > 0 && !topology_.single_nvl_domain();
+  if (internode && topology_.num_rdma_ranks() > kernels::internode::kMaxDomains)
+    throw NotSupported("Buffer: internode mode takes at most " + std::to_string(kernels::internode::kMaxDomains) +
+                       " NVL domains; this group has " + std::to_string(topology_.num_rdma_ranks()));
+  if (internode && options.enable_shrink)
+    throw NotSupported(
+        "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
+        "available in this version of turnout");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;
@@ -183,6 +194,34 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     open_low_latency_over_nvshmem(bootstrap);
   else if (low_latency_bytes_)
     set_low_latency_table(std::vector<void*>(low_latency, low_latency + topology_.num_nvl_ranks));
+  if (internode) {
+    internode_bytes_ = static_cast<size_t>(align_up(static_cast<int64_t>(options.num_rdma_bytes), 4096));
+    open_internode_over_nvshmem(bootstrap);
+  }
+}
+
+void BufferCore::open_nvshmem(Bootstrap& bootstrap, size_t symmetric_bytes) {
+  NvshmemSettings settings;
+  settings.num_qps_per_rank = options_.num_qps_per_rank;
+  settings.allow_mnnvl = options_.allow_mnnvl;
+  settings.symmetric_bytes = symmetric_bytes;
+  nvshmem_ = std::make_unique<NvshmemWindow>(bootstrap, settings);
+}
+
+void BufferCore::open_internode_over_nvshmem(Bootstrap& bootstrap) {
+  open_nvshmem(bootstrap, internode_bytes_);
+  const NvshmemApi& api = nvshmem_api();
+  if (api.internode_notify_params_bytes != sizeof(kernels::internode::NotifyParams))
+    throw NotSupported("Buffer: " + nvshmem_library_path() +
+                       " was built from other sources than this turnout (its internode structs differ in size); "
+                       "reinstall turnout");
+  internode_nvshmem_ = &api;
+  internode_symmetric_ = nvshmem_->alloc(internode_bytes_);
+  // Zeroed on every rank before any rank's first call can write to it: the
+  // counters of kernels/internode/region.hpp start at 0.
+  TURNOUT_CUDA_CHECK(cudaMemsetAsync(internode_symmetric_.get(), 0, internode_bytes_, comm_stream_));
+  nvshmem_->barrier(comm_stream_);
+  synchronize(comm_stream_, "Buffer");
 }
 
 void BufferCore::set_low_latency_table(const std::vector<void*>& regions) {
@@ -193,11 +232,7 @@ void BufferCore::set_low_latency_table(const std::vector<void*>& regions) {
 }
 
 void BufferCore::open_low_latency_over_nvshmem(Bootstrap& bootstrap) {
-  NvshmemSettings settings;
-  settings.num_qps_per_rank = options_.num_qps_per_rank;
-  settings.allow_mnnvl = options_.allow_mnnvl;
-  settings.symmetric_bytes = low_latency_bytes_;
-  nvshmem_ = std::make_unique<NvshmemWindow>(bootstrap, settings);
+  open_nvshmem(bootstrap, low_latency_bytes_);
   const NvshmemApi& api = nvshmem_api();
   if (api.low_latency_dispatch_args_bytes != sizeof(LowLatencyDispatchArgs) ||
       api.low_latency_combine_args_bytes != sizeof(LowLatencyCombineArgs) ||
@@ -246,12 +281,15 @@ void BufferCore::destroy() {
   low_latency_table_.reset();
   local_low_latency_ = nullptr;
   low_latency_nvshmem_ = nullptr;
+  internode_nvshmem_ = nullptr;
   // Collective, in this order, on every rank alike (whatever its own calls
   // saw): the symmetric memory, whose free meets every rank first (each has
   // synchronized its device above, so no kernel still touches it), then
-  // NVSHMEM itself. Only low-latency ops run on such a buffer, and they never
-  // touch the peer allocation: no NVL barrier before it goes.
+  // NVSHMEM itself. That meeting also stands for the NVL barrier (internode
+  // kernels write peers' NVL buffers): no rank frees its peer allocation
+  // before every rank's kernels are done.
   low_latency_symmetric_.reset();
+  internode_symmetric_.reset();
   nvshmem_.reset();
   nvl_.reset();
   sync_event_.reset();

@@ -56,6 +56,13 @@ class BufferCore {
   const std::vector<void*>& low_latency_regions() const { return low_latency_regions_; }
   // The NVSHMEM library's table where low-latency mode runs over NVSHMEM, else null.
   const NvshmemApi* low_latency_nvshmem() const { return low_latency_nvshmem_; }
+  // Internode normal mode's network region (num_rdma_bytes, rounded up, in
+  // NVSHMEM symmetric memory; PE = rank): opened where the group spans NVL
+  // domains without low_latency_mode and num_rdma_bytes > 0, else 0 and null.
+  size_t internode_bytes() const { return internode_bytes_; }
+  void* local_internode() const { return internode_symmetric_.get(); }
+  // The NVSHMEM library's table where the network region is open, else null.
+  const NvshmemApi* internode_nvshmem() const { return internode_nvshmem_; }
   bool timed_out() const { return errors_.timed_out(); }
 
   // Each op starts a call (numbered, so that an error names it); a dispatch
@@ -88,8 +95,12 @@ class BufferCore {
   void barrier(cudaStream_t stream, bool shrinkable = false);
 
  private:
+  // NVSHMEM over the bootstrap, with a symmetric heap of `symmetric_bytes`.
+  void open_nvshmem(Bootstrap& bootstrap, size_t symmetric_bytes);
   // NVSHMEM, the region in its symmetric memory, and which ranks it reaches by stores.
   void open_low_latency_over_nvshmem(Bootstrap& bootstrap);
+  // NVSHMEM and internode mode's network region in its symmetric memory, zeroed.
+  void open_internode_over_nvshmem(Bootstrap& bootstrap);
   // The device table of low_latency_table().
   void set_low_latency_table(const std::vector<void*>& regions);
 
@@ -110,8 +121,13 @@ class BufferCore {
   std::unique_ptr<NvshmemWindow> nvshmem_;
   NvshmemAllocation low_latency_symmetric_;
   const NvshmemApi* low_latency_nvshmem_ = nullptr;
+  // Internode mode: its network region (freed before NVSHMEM is finalized).
+  NvshmemAllocation internode_symmetric_;
+  const NvshmemApi* internode_nvshmem_ = nullptr;
+  size_t internode_bytes_ = 0;
   // Global rank of index 0 of the peers a wait names: the NVL domain's first,
-  // or 0 where low-latency mode's group spans domains.
+  // or 0 where low-latency mode's group spans domains. Internode waits name
+  // global ranks against the domain's first (a far one comes out whole).
   int first_peer_rank_ = 0;
   DeviceMemory peer_user_table_;
   DeviceMemory low_latency_table_;  // void* per rank

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 2
+#define TURNOUT_NVSHMEM_API_VERSION 3
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */
@@ -74,6 +74,13 @@ typedef struct turnout_nvshmem_api_v1_t {
    * is a LowLatencyPhase. */
   int (*low_latency_dispatch)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
   int (*low_latency_combine)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
+
+  /* Internode normal mode (version 3). The size of
+   * kernels::internode::NotifyParams in the library's build (the core
+   * refuses a library whose size differs), and its counts step enqueued on
+   * `stream`: `params` points to the core's NotifyParams. */
+  uint32_t internode_notify_params_bytes;
+  int (*internode_notify)(const void* params, cudaStream_t stream);
 } turnout_nvshmem_api_v1_t;
 
 /* The library's one export, named TURNOUT_NVSHMEM_API_SYMBOL. */

@@ -46,8 +46,8 @@ def test_buffer_needs_a_group_or_comm():
 
 def test_unsupported_modes_raise_before_any_gpu_use():
     # object() is no process group: these must fail on the arguments alone.
-    with pytest.raises(NotImplementedError, match="num_rdma_bytes > 0 without low_latency_mode"):
-        Buffer(object(), num_rdma_bytes=1 << 20)
+    with pytest.raises(NotImplementedError, match="use_fabric"):
+        Buffer(object(), use_fabric=True)
 
 
 def test_bad_sizes_raise_naming_the_argument():

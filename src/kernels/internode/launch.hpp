@@ -1,0 +1,55 @@
+// What the internode kernels take. The ops layer has checked the arguments
+// and sized both regions; the launchers (in libturnout_nvshmem.so, reached
+// through the NVSHMEM API table) only pack parameters and launch.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/internode/region.hpp"
+#include "kernels/intranode/launch.hpp"
+#include "kernels/wait_context.hpp"
+#include "turnout/internode.hpp"
+
+namespace turnout::kernels::internode {
+
+// Where the counts step leaves the receive sizes for the host (host-mapped,
+// the intranode mailbox's memory). The host picks a new `sequence` per call
+// and spins until the kernel has written it, after the counts.
+struct CountsMailbox {
+  int32_t sequence;
+  int32_t failed;  // a bad input on some rank: every rank skips the data step
+  int32_t num_recv_tokens;
+  int32_t num_forward_tokens;
+  int32_t num_recv_tokens_per_expert[1];  // [L], really
+};
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 16) / 4;
+
+struct Peers {
+  void* const* control;  // device table of NVL peers' control regions
+  void* const* buffers;  // device table of NVL peers' user buffers
+  int rank;              // global
+  int num_ranks;         // R
+  int num_nvl_ranks;     // D
+};
+
+// The counts step runs as two launches of one kernel: kCount, a block per
+// channel, counts this rank's tokens per (rank, channel) and (domain,
+// channel) into the handle's [2] and [1] and checks the expert ids; then
+// kExchange, one block, meets the peers, resets the rings and exchanges the
+// counts (docs/INTERNODE.md "Counts step"). Without `exchange_counts` (a
+// cached dispatch, a combine) kExchange only meets the peers and resets.
+enum class NotifyPhase : int32_t { kCount = 0, kExchange = 1 };
+
+struct NotifyParams {
+  Peers peers;
+  NetRegion net;
+  NvlRegion nvl;
+  char* net_local;  // this rank's network region
+  bool exchange_counts;
+  InternodeDispatchCountsArgs counts;  // with exchange_counts
+  CountsMailbox* mailbox;              // device view of host-mapped memory, or null (no host wait)
+  int32_t sequence;
+  WaitContext ctx;
+};
+
+}  // namespace turnout::kernels::internode

@@ -1,0 +1,188 @@
+// Where internode ops keep things: the network region (NVSHMEM symmetric
+// memory, num_rdma_bytes) and the NVL buffer (num_nvl_bytes). Every rank
+// computes the same offsets from the same call, so a writer knows where to
+// write in its peers' memory. Shared by the size hints, the host checks and
+// the kernels (docs/INTERNODE.md "Buffers").
+#pragma once
+
+#include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
+
+#include <cstdint>
+
+#include "kernels/intranode/region.hpp"
+#include "runtime/align.hpp"
+
+namespace turnout::kernels::internode {
+
+// Bytes of the counts areas in front of the rings of either memory. Fixed, so
+// that the size hints (which know no expert count) cover them; a call whose
+// counts do not fit is refused by name.
+inline constexpr int64_t kNetMetaBytes = 256 * 1024;
+inline constexpr int64_t kNvlMetaBytes = 64 * 1024;
+// The most domains: a warp lane per domain, domain masks in a uint32.
+inline constexpr int kMaxDomains = 32;
+
+// Ints in front of each counts message: {num_tokens, num_worst_tokens, bad input, unused}.
+inline constexpr int kInfoInts = 4;
+
+// The shape every offset follows from.
+struct Shape {
+  int num_domains = 0;        // N
+  int num_nvl_ranks = 0;      // D
+  int num_channels = 0;       // C
+  int num_local_experts = 0;  // L (0 without per-expert counts)
+  int net_slots = 0;          // Q_net: num_max_rdma_chunked_recv_tokens
+  int nvl_slots = 0;          // Q_nvl: num_max_nvl_chunked_recv_tokens
+  int slot_bytes = 0;         // one token in a ring slot
+};
+
+// Where the parts of a counts message start, in ints from its start.
+struct MessageLayout {
+  int per_rank, per_channel, per_expert, domain_channels;
+  __host__ __device__ explicit MessageLayout(const Shape& s)
+      : per_rank(kInfoInts),
+        per_channel(kInfoInts + s.num_nvl_ranks),
+        per_expert(kInfoInts + s.num_nvl_ranks + s.num_nvl_ranks * s.num_channels),
+        domain_channels(kInfoInts + s.num_nvl_ranks + s.num_nvl_ranks * (s.num_channels + s.num_local_experts)) {}
+};
+
+// Where the parts of a relayed source entry start, in ints: info, its token
+// count to me, its channel prefix to me [C], its counts per expert of mine [L].
+inline constexpr int kSourceCount = kInfoInts;
+inline constexpr int kSourceChannels = kInfoInts + 1;
+
+// The network region. "[s]" arrays are written by the domain peer (s, my
+// local index) through NVSHMEM; counters only grow, so nothing is zeroed
+// between calls.
+struct NetRegion {
+  Shape shape;
+  int64_t barrier = 0;         // uint32 [N]: barriers domain peer s has reached
+  int64_t counts_arrived = 0;  // uint32 [N]: counts messages of peer s that have landed
+  int64_t epoch = 0;           // uint32: this rank's own completed counts steps
+  int64_t counts = 0;          // [N] messages of message_bytes: what peer s sends my domain ([d]: my own)
+  int64_t outbox = 0;          // [N] messages: what I put to domain e (registered memory a put reads)
+  int64_t message_bytes = 0;
+  int64_t tails = 0;        // int32 [C][N]: tokens peer s has put into my ring (c, s)
+  int64_t heads = 0;        // int32 [C][N]: tokens domain e's forwarder has drained of what I put there
+  int64_t recv_rings = 0;   // [C][N][Q_net] slots: ring (c, s) is written by peer s
+  int64_t stage_rings = 0;  // [C][N][Q_net] slots: what I put to domain e, at the slot it lands in
+  int64_t total = 0;
+
+  // A counts message from a domain peer about my domain: info, then per
+  // local rank j of my domain its token count, then per (j, c) the prefix
+  // over channels of its tokens to j, per expert of my domain its count, and
+  // per channel the prefix of its tokens reaching my domain (entry [1]'s row).
+  __host__ __device__ static int64_t message_size(const Shape& s) {
+    const int64_t ints = kInfoInts + s.num_nvl_ranks + int64_t(s.num_nvl_ranks) * s.num_channels +
+                         int64_t(s.num_nvl_ranks) * s.num_local_experts + s.num_channels;
+    return align_up(ints * 4, 16);
+  }
+  __host__ __device__ int64_t message(int source_domain) const { return counts + source_domain * message_bytes; }
+  __host__ __device__ int64_t outgoing(int domain) const { return outbox + domain * message_bytes; }
+  __host__ __device__ int64_t tail(int channel, int domain) const {
+    return tails + (int64_t(channel) * shape.num_domains + domain) * 4;
+  }
+  __host__ __device__ int64_t head(int channel, int domain) const {
+    return heads + (int64_t(channel) * shape.num_domains + domain) * 4;
+  }
+  __host__ __device__ int64_t recv_slot(int channel, int domain, int slot) const {
+    return recv_rings + ((int64_t(channel) * shape.num_domains + domain) * shape.net_slots + slot) * shape.slot_bytes;
+  }
+  __host__ __device__ int64_t stage_slot(int channel, int domain, int slot) const {
+    return stage_rings + ((int64_t(channel) * shape.num_domains + domain) * shape.net_slots + slot) * shape.slot_bytes;
+  }
+};
+
+inline NetRegion make_net_region(const Shape& s) {
+  NetRegion r;
+  r.shape = s;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t start = at;
+    at = align_up(at + bytes, 128);
+    return start;
+  };
+  const int64_t N = s.num_domains, C = s.num_channels;
+  r.barrier = take(N * 4);
+  r.counts_arrived = take(N * 4);
+  r.epoch = take(4);
+  r.tails = take(C * N * 4);
+  r.heads = take(C * N * 4);
+  r.message_bytes = NetRegion::message_size(s);
+  // Last, so no other offset depends on the expert count.
+  r.counts = take(N * r.message_bytes);
+  r.outbox = take(N * r.message_bytes);
+  r.recv_rings = at > kNetMetaBytes ? at : kNetMetaBytes;
+  const int64_t ring_bytes = C * N * s.net_slots * int64_t(s.slot_bytes);
+  r.stage_rings = r.recv_rings + ring_bytes;
+  r.total = r.stage_rings + ring_bytes;
+  return r;
+}
+
+// The NVL buffer of an internode call. "[s, n]" rows are written by the
+// forwarder of my domain that received them from source (s, n).
+struct NvlRegion {
+  Shape shape;
+  int64_t barrier = 0;  // uint32 [D]: NVL barriers local rank j has reached
+  int64_t epoch = 0;    // uint32: this rank's own completed NVL barriers
+  int64_t status = 0;   // int32: nonzero = the data kernels skip this call (bad input somewhere)
+  // int64 {claimed, token * K + slot, id}: this rank's first bad expert id,
+  // left by the counting blocks for the exchange, which clears it.
+  int64_t input_error = 0;
+  int64_t sources = 0;  // int32 [R][source_ints]: what source rank g sends me (relayed by its forwarder)
+  int64_t source_ints = 0;
+  int64_t relayed = 0;  // uint32 [D]: calls whose counts forwarder n has relayed to me
+  int64_t tails = 0;    // int32 [C][D]: tokens forwarder n has written into my ring (c, n)
+  int64_t heads = 0;    // int32 [C][D]: tokens local rank j has drained of what I wrote it
+  int64_t rings = 0;    // [C][D][Q_nvl] slots: ring (c, n) is written by forwarder n
+  int64_t total = 0;
+
+  // Per source rank: info, its token count to me, its channel prefix to me [C], its counts per expert of mine [L].
+  __host__ __device__ static int64_t source_size(const Shape& s) {
+    return kInfoInts + 1 + s.num_channels + s.num_local_experts;
+  }
+  __host__ __device__ int64_t source(int rank) const { return sources + rank * source_ints * 4; }
+  __host__ __device__ int64_t tail(int channel, int peer) const {
+    return tails + (int64_t(channel) * shape.num_nvl_ranks + peer) * 4;
+  }
+  __host__ __device__ int64_t head(int channel, int peer) const {
+    return heads + (int64_t(channel) * shape.num_nvl_ranks + peer) * 4;
+  }
+  __host__ __device__ int64_t slot(int channel, int peer, int index) const {
+    return rings + ((int64_t(channel) * shape.num_nvl_ranks + peer) * shape.nvl_slots + index) * shape.slot_bytes;
+  }
+};
+
+inline NvlRegion make_nvl_region(const Shape& s) {
+  NvlRegion r;
+  r.shape = s;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t start = at;
+    at = align_up(at + bytes, 128);
+    return start;
+  };
+  const int64_t D = s.num_nvl_ranks, C = s.num_channels, R = int64_t(s.num_domains) * s.num_nvl_ranks;
+  r.barrier = take(D * 4);
+  r.epoch = take(4);
+  r.status = take(4);
+  r.input_error = take(3 * 8);
+  r.relayed = take(D * 4);
+  r.tails = take(C * D * 4);
+  r.heads = take(C * D * 4);
+  r.source_ints = NvlRegion::source_size(s);
+  r.sources = take(R * r.source_ints * 4);
+  r.rings = at > kNvlMetaBytes ? at : kNvlMetaBytes;
+  r.total = r.rings + C * D * s.nvl_slots * int64_t(s.slot_bytes);
+  return r;
+}
+
+// One token in a ring slot, network or NVL: intranode's dispatch slot (row,
+// scales, top-k ids as int32, weights, then 16 bytes of source meta: source
+// token, bits of the destination domain's local ranks, source domain).
+// Combine's slot (bf16 row and weights) is never larger than a BF16 dispatch's.
+inline DispatchSlot make_token_slot(int row_bytes, int num_scales, int num_topk) {
+  return make_dispatch_slot(row_bytes, num_scales, num_topk);
+}
+
+}  // namespace turnout::kernels::internode

@@ -1,0 +1,32 @@
+// How internode kernels reach the rank of their local index in another NVL
+// domain (the only far peers they have): through a transport, so that the
+// kernels are templates the core never instantiates and libturnout_nvshmem.so
+// instantiates on NVSHMEM (src/nvshmem/internode_transport.cuh). Near peers
+// (this domain) are plain stores through the peer table. A far peer is named
+// by its global rank (NVSHMEM's PE), and every far write lands at the offset
+// it has in this rank's own network region (symmetric memory).
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+namespace turnout::kernels::internode {
+
+template <class T>
+concept NetTransport =
+    requires(const T t, int pe, int64_t offset, const void* source, int64_t bytes, uint32_t v, int32_t delta) {
+      // This rank's network region.
+      { t.local() } -> std::same_as<char*>;
+      // A warp's non-blocking put of bytes in this rank's region (`source`) to
+      // the peer's at `offset`; the next arrive orders it.
+      t.put_warp(pe, offset, source, bytes);
+      // Fence, then an atomic add the reader acquires: a peer that sees the sum
+      // sees every earlier put of this rank to it.
+      t.arrive(pe, offset, v);
+      // An atomic add with no ordering (credits, barrier counts).
+      t.add(pe, offset, delta);
+      // Every put and atomic of this thread has completed (before a kernel ends).
+      t.quiet();
+    };
+
+}  // namespace turnout::kernels::internode
