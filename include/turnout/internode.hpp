@@ -76,7 +76,7 @@ struct InternodeDispatchArgs {
   const int64_t* topk_idx = nullptr;  // [T, K] global ids; null: no top-k
   const float* topk_weights = nullptr;
   int num_topk = 0;
-  int num_experts = 0;
+  int num_experts = 0;  // E, that of the counts step's num_tokens_per_expert (0 when cached)
   int num_worst_tokens = 0;
   bool cached = false;
   Config config;

@@ -172,6 +172,20 @@ int internode_notify(const void* params, cudaStream_t stream) {
   });
 }
 
+int internode_dispatch(const void* params, cudaStream_t stream) {
+  return guarded("internode_dispatch", [&] {
+    require(params != nullptr, "needs params");
+    launch_internode_dispatch(*static_cast<const kernels::internode::DispatchParams*>(params), stream);
+  });
+}
+
+int internode_combine(const void* params, cudaStream_t stream) {
+  return guarded("internode_combine", [&] {
+    require(params != nullptr, "needs params");
+    launch_internode_combine(*static_cast<const kernels::internode::CombineParams*>(params), stream);
+  });
+}
+
 }  // namespace
 }  // namespace turnout::nvshmem
 
@@ -199,7 +213,11 @@ extern "C" __attribute__((visibility("default"))) const turnout_nvshmem_api_v1_t
       .low_latency_dispatch = n::low_latency_dispatch,
       .low_latency_combine = n::low_latency_combine,
       .internode_notify_params_bytes = sizeof(turnout::kernels::internode::NotifyParams),
+      .internode_dispatch_params_bytes = sizeof(turnout::kernels::internode::DispatchParams),
+      .internode_combine_params_bytes = sizeof(turnout::kernels::internode::CombineParams),
       .internode_notify = n::internode_notify,
+      .internode_dispatch = n::internode_dispatch,
+      .internode_combine = n::internode_combine,
   };
   return &table;
 }

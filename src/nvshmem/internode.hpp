@@ -9,5 +9,7 @@
 namespace turnout::nvshmem {
 
 void launch_internode_notify(const kernels::internode::NotifyParams& params, cudaStream_t stream);
+void launch_internode_dispatch(const kernels::internode::DispatchParams& params, cudaStream_t stream);
+void launch_internode_combine(const kernels::internode::CombineParams& params, cudaStream_t stream);
 
 }  // namespace turnout::nvshmem

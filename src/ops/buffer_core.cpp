@@ -211,7 +211,9 @@ void BufferCore::open_nvshmem(Bootstrap& bootstrap, size_t symmetric_bytes) {
 void BufferCore::open_internode_over_nvshmem(Bootstrap& bootstrap) {
   open_nvshmem(bootstrap, internode_bytes_);
   const NvshmemApi& api = nvshmem_api();
-  if (api.internode_notify_params_bytes != sizeof(kernels::internode::NotifyParams))
+  if (api.internode_notify_params_bytes != sizeof(kernels::internode::NotifyParams) ||
+      api.internode_dispatch_params_bytes != sizeof(kernels::internode::DispatchParams) ||
+      api.internode_combine_params_bytes != sizeof(kernels::internode::CombineParams))
     throw NotSupported("Buffer: " + nvshmem_library_path() +
                        " was built from other sources than this turnout (its internode structs differ in size); "
                        "reinstall turnout");

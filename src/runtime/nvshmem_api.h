@@ -75,12 +75,17 @@ typedef struct turnout_nvshmem_api_v1_t {
   int (*low_latency_dispatch)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
   int (*low_latency_combine)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
 
-  /* Internode normal mode (version 3). The size of
-   * kernels::internode::NotifyParams in the library's build (the core
-   * refuses a library whose size differs), and its counts step enqueued on
-   * `stream`: `params` points to the core's NotifyParams. */
+  /* Internode normal mode (version 3). The sizes of
+   * kernels::internode::NotifyParams, DispatchParams and CombineParams in
+   * the library's build (the core refuses a library whose sizes differ), and
+   * the counts step, the dispatch data step and combine enqueued on
+   * `stream`: `params` points to the core's struct. */
   uint32_t internode_notify_params_bytes;
+  uint32_t internode_dispatch_params_bytes;
+  uint32_t internode_combine_params_bytes;
   int (*internode_notify)(const void* params, cudaStream_t stream);
+  int (*internode_dispatch)(const void* params, cudaStream_t stream);
+  int (*internode_combine)(const void* params, cudaStream_t stream);
 } turnout_nvshmem_api_v1_t;
 
 /* The library's one export, named TURNOUT_NVSHMEM_API_SYMBOL. */

@@ -83,12 +83,13 @@ TEST(InternodeRegion, NvlPartsDoNotOverlap) {
                                                {r.status, r.status + 4},
                                                {r.input_error, r.input_error + 24},
                                                {r.relayed, r.relayed + D * 4},
-                                               {r.tails, r.tails + C * D * 4},
-                                               {r.heads, r.heads + C * D * 4},
+                                               {r.tails, r.tails + C * D * N * 4},
+                                               {r.heads, r.heads + C * D * N * 4},
                                                {r.sources, r.sources + R * r.source_ints * 4},
                                                {r.rings, r.total}};
   expect_disjoint(parts);
-  EXPECT_EQ(r.slot(C - 1, D - 1, 255) + 14848, r.total);
+  EXPECT_EQ(r.sub_slots(), 64);
+  EXPECT_EQ(r.slot(C - 1, D - 1, N - 1, 63) + 14848, r.total);
 }
 
 // The hints cover a BF16 and an FP8 dispatch at the largest top-k and a

@@ -52,4 +52,37 @@ struct NotifyParams {
   WaitContext ctx;
 };
 
+// The dispatch data step: a pair of blocks per channel. The send block holds
+// a sender warp per destination domain and a receiver warp per forwarder of
+// this domain; the forward block a forwarder warp per source domain (docs/
+// INTERNODE.md "Data step"). So a block has N + D warps at most.
+struct DispatchParams {
+  Peers peers;
+  NetRegion net;
+  NvlRegion nvl;
+  DispatchSlot slot;  // network and NVL slots alike
+  char* net_local;
+  InternodeDispatchArgs args;
+  int experts_per_rank;  // L (0 without top-k)
+  WaitContext ctx;
+};
+
+__host__ __device__ inline int dispatch_block_warps(int num_domains, int num_nvl_ranks) {
+  return num_domains + num_nvl_ranks;
+}
+
+// The combine data step: dispatch's pairs of blocks backwards. The send
+// block holds a sender warp per forwarder of this domain, the forward block a
+// warp per other domain (partial sums) and one for this domain (the final
+// sums): max(N, D) warps.
+struct CombineParams {
+  Peers peers;
+  NetRegion net;
+  NvlRegion nvl;
+  CombineSlot slot;  // network and NVL slots alike
+  char* net_local;
+  InternodeCombineArgs args;
+  WaitContext ctx;
+};
+
 }  // namespace turnout::kernels::internode

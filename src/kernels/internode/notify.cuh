@@ -117,21 +117,21 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
 
   // Barrier 1, over the NVL domain and over the domain peers: every peer has
   // finished the previous op (its puts completed), so no late write lands in
-  // the counters reset next.
+  // the counters reset next. The network arrival goes first, so that a rank
+  // held up in its NVL barrier does not hold up its domain peers too (each
+  // wait then names the rank that is really missing).
+  if (tid < N && tid != d) net.add(tid * D + n, p.net.barrier + d * 4, 1);
   if (!device::nvl_barrier(p.peers.control, n, D, p.ctx)) return;
   bool ok = true;
-  if (tid < N && tid != d) {
-    const int pe = tid * D + n;
-    net.add(pe, p.net.barrier + d * 4, 1);
-    ok = device::bounded_wait(p.ctx, pe, WaitSite::kBarrier,
+  if (tid < N && tid != d)
+    ok = device::bounded_wait(p.ctx, tid * D + n, WaitSite::kBarrier,
                               [&] { return reached(words(local, p.net.barrier) + tid, epoch); });
-  }
   if (!__syncthreads_and(ok)) return;
   for (int i = tid; i < C * N; i += threads) {
     ints(local, p.net.tails)[i] = 0;
     ints(local, p.net.heads)[i] = 0;
   }
-  for (int i = tid; i < C * D; i += threads) {
+  for (int i = tid; i < C * D * N; i += threads) {
     ints(self, p.nvl.tails)[i] = 0;
     ints(self, p.nvl.heads)[i] = 0;
   }

@@ -132,9 +132,14 @@ struct NvlRegion {
   int64_t sources = 0;  // int32 [R][source_ints]: what source rank g sends me (relayed by its forwarder)
   int64_t source_ints = 0;
   int64_t relayed = 0;  // uint32 [D]: calls whose counts forwarder n has relayed to me
-  int64_t tails = 0;    // int32 [C][D]: tokens forwarder n has written into my ring (c, n)
-  int64_t heads = 0;    // int32 [C][D]: tokens local rank j has drained of what I wrote it
-  int64_t rings = 0;    // [C][D][Q_nvl] slots: ring (c, n) is written by forwarder n
+  // Each ring (c, n) is split per source domain s into sub-rings of
+  // Q_nvl / N slots (c, n, s), each with one writer and one reader, so that a
+  // stalled source domain stalls no other. Dispatch: forwarder n writes
+  // sub-ring (c, n, s) of local rank j; combine: local rank n writes it at
+  // forwarder j.
+  int64_t tails = 0;  // int32 [C][D][N]: tokens peer n has written into my sub-ring (c, n, s)
+  int64_t heads = 0;  // int32 [C][D][N]: tokens peer j has drained of my writes to its sub-ring (c, ., s)
+  int64_t rings = 0;  // [C][D][N][Q_nvl / N] slots
   int64_t total = 0;
 
   // Per source rank: info, its token count to me, its channel prefix to me [C], its counts per expert of mine [L].
@@ -142,14 +147,18 @@ struct NvlRegion {
     return kInfoInts + 1 + s.num_channels + s.num_local_experts;
   }
   __host__ __device__ int64_t source(int rank) const { return sources + rank * source_ints * 4; }
-  __host__ __device__ int64_t tail(int channel, int peer) const {
-    return tails + (int64_t(channel) * shape.num_nvl_ranks + peer) * 4;
+  __host__ __device__ int sub_slots() const { return shape.nvl_slots / shape.num_domains; }
+  __host__ __device__ int64_t sub_ring(int channel, int peer, int domain) const {
+    return (int64_t(channel) * shape.num_nvl_ranks + peer) * shape.num_domains + domain;
   }
-  __host__ __device__ int64_t head(int channel, int peer) const {
-    return heads + (int64_t(channel) * shape.num_nvl_ranks + peer) * 4;
+  __host__ __device__ int64_t tail(int channel, int peer, int domain) const {
+    return tails + sub_ring(channel, peer, domain) * 4;
   }
-  __host__ __device__ int64_t slot(int channel, int peer, int index) const {
-    return rings + ((int64_t(channel) * shape.num_nvl_ranks + peer) * shape.nvl_slots + index) * shape.slot_bytes;
+  __host__ __device__ int64_t head(int channel, int peer, int domain) const {
+    return heads + sub_ring(channel, peer, domain) * 4;
+  }
+  __host__ __device__ int64_t slot(int channel, int peer, int domain, int index) const {
+    return rings + (sub_ring(channel, peer, domain) * sub_slots() + index) * shape.slot_bytes;
   }
 };
 
@@ -168,12 +177,12 @@ inline NvlRegion make_nvl_region(const Shape& s) {
   r.status = take(4);
   r.input_error = take(3 * 8);
   r.relayed = take(D * 4);
-  r.tails = take(C * D * 4);
-  r.heads = take(C * D * 4);
+  r.tails = take(C * D * s.num_domains * 4);
+  r.heads = take(C * D * s.num_domains * 4);
   r.source_ints = NvlRegion::source_size(s);
   r.sources = take(R * r.source_ints * 4);
   r.rings = at > kNvlMetaBytes ? at : kNvlMetaBytes;
-  r.total = r.rings + C * D * s.nvl_slots * int64_t(s.slot_bytes);
+  r.total = r.rings + C * D * s.num_domains * int64_t(s.nvl_slots / s.num_domains) * s.slot_bytes;
   return r;
 }
 

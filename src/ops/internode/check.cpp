@@ -178,8 +178,16 @@ Regions check_dispatch(const InternodeDispatchArgs& a, const BufferShape& shape)
             return "with num_worst_tokens " + str(a.num_worst_tokens) + " the outputs hold that many rows and " +
                    "handle[9] D x that many, got " + str(rows) + " and " + str(a.handle.num_forward);
           });
+  require(shape.num_ranks / shape.num_nvl_ranks + shape.num_nvl_ranks <= 32, op, [&] {
+    return "this version takes at most 32 - D NVL domains of D ranks (a warp per domain and per local rank in one "
+           "block), got " +
+           str(shape.num_ranks / shape.num_nvl_ranks) + " of " + str(shape.num_nvl_ranks);
+  });
+  // A fresh dispatch's forwarders read the counts step's messages, laid out
+  // by its expert count.
+  const int experts = a.cached || a.num_experts == 0 ? 0 : a.num_experts / shape.num_ranks;
   const auto slot = kernels::internode::make_token_slot(a.row_bytes, a.num_scales, a.num_topk);
-  const Regions r = regions(shape, a.config, 0, slot.bytes);
+  const Regions r = regions(shape, a.config, experts, slot.bytes);
   check_fits(op, r, shape);
   return r;
 }

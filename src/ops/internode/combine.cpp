@@ -1,14 +1,28 @@
-// Combine: expert outputs go back through the forwarders, reduced per domain.
+// Combine: expert outputs go back through the forwarders, reduced in each
+// domain first. A step before it meets the peers and resets the rings.
+#include "kernels/internode/launch.hpp"
 #include "ops/internode/internode.hpp"
-#include "turnout/error.hpp"
 
 namespace turnout::internode {
 
-void combine(BufferCore& core, const InternodeCombineArgs& a, cudaStream_t) {
+void combine(BufferCore& core, const InternodeCombineArgs& a, cudaStream_t stream) {
   const char* op = "combine";
   const BufferShape shape = begin_op(core, op, a.config);
-  check_combine(a, shape);
-  throw NotSupported("combine: the internode kernels are not in this version of turnout yet (issue 31)");
+  const Regions regions = check_combine(a, shape);
+  core.begin_call();
+  launch_notify(core, notify_params(core, regions, false, {}, OpKind::kCombine), op, stream);
+  const Topology& t = core.topology();
+  kernels::internode::CombineParams p{};
+  p.peers = {core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks, t.num_nvl_ranks};
+  p.net = regions.net;
+  p.nvl = regions.nvl;
+  p.slot = kernels::make_combine_slot(a.hidden, a.num_topk);
+  p.net_local = static_cast<char*>(core.local_internode());
+  p.args = a;
+  p.ctx = core.wait_context(OpKind::kCombine);
+  const NvshmemApi& api = *core.internode_nvshmem();
+  nvshmem_check(api, api.internode_combine(&p, stream), op);
+  core.check_errors(op);
 }
 
 }  // namespace turnout::internode

@@ -1,0 +1,345 @@
+// The internode combine data kernel (docs/INTERNODE.md "Combine"), a
+// template on the network transport: dispatch's pairs of blocks run
+// backwards. Channel c of rank (d, j):
+//
+// - send block: a warp per forwarder n of this domain streams the rows this
+//   rank received from each source (s, n) in channel c, in receive order,
+//   into sub-ring (c, j, s) of rank (d, n), serving whichever sub-ring has room.
+// - forward block: a warp per other domain s walks the tokens this rank
+//   forwarded from (s, n) in channel c, sums in fp32 the next row of each local
+//   rank they went to (local rank order), rounds to bf16 and puts the partial
+//   (with its fp32 weights) back to (s, n). The warp of this rank's own domain
+//   is the final reduce: for each of this rank's tokens, in order, its own
+//   domain's rows (local rank order) and each other domain's partial (domain
+//   order), in fp32, then the biases; rounded to bf16 once.
+//
+// The order of every sum is fixed, so the result is the same run after run.
+// No wait closes a cycle: senders poll all their sub-rings, forwarders wait
+// for rows the senders always deliver or for ring room the final reduce always
+// frees (it drains each network ring in token order, the order the forwarder
+// fills it), holding nothing unpublished.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/error_record.cuh"
+#include "kernels/device/memory_order.cuh"
+#include "kernels/device/vector_copy.cuh"
+#include "kernels/internode/launch.hpp"
+#include "kernels/internode/transport.cuh"
+#include "turnout/error.hpp"
+
+namespace turnout::kernels::internode {
+
+namespace combine_detail {
+
+__device__ __forceinline__ char* at(void* base, int64_t offset) {
+  return static_cast<char*>(base) + offset;
+}
+
+__device__ __forceinline__ int32_t* ints(void* base, int64_t offset) {
+  return reinterpret_cast<int32_t*>(at(base, offset));
+}
+
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
+__device__ __forceinline__ int4 to_bf16x8(const float (&acc)[8]) {
+  int4 out;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+  return out;
+}
+
+template <typename Ready>
+__device__ __forceinline__ bool warp_wait(const CombineParams& p, int peer, Ready ready, int lane) {
+  bool ok = true;
+  if (lane == 0) ok = device::bounded_wait(p.ctx, peer, WaitSite::kCombineData, ready);
+  return __shfl_sync(~0u, ok, 0);
+}
+
+// Bit k: token t of this rank went to local rank k of domain e.
+__device__ __forceinline__ uint32_t domain_mask(const CombineParams& p, int t, int e) {
+  const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks;
+  const bool* row = p.args.handle.is_token_in_rank + static_cast<int64_t>(t) * R + e * D;
+  uint32_t mask = 0;
+  for (int k = 0; k < D; ++k) mask |= row[k] ? 1u << k : 0u;
+  return mask;
+}
+
+// Send block, warp for forwarder n: this rank's rows of sources (s, n).
+__device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
+  const InternodeCombineArgs& a = p.args;
+  const InternodeHandle& h = a.handle;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  const int d = p.peers.rank / D, j = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
+  const int row_bytes = a.hidden * 2;
+  void* self = p.peers.buffers[j];
+  void* forwarder = p.peers.buffers[n];
+  __shared__ int s_sent[32][32], s_count[32][32];
+  const int warp = threadIdx.x / 32;
+  // Lane s: the rows of source (s, n) in channel c, and how many went.
+  int first = 0, count = 0, sent = 0;
+  if (lane < N) {
+    const int g = lane * D + n;
+    first = h.recv_gbl_channel_prefix_matrix[g * C + c];
+    count = (c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g]) - first;
+  }
+  while (__any_sync(~0u, sent < count)) {
+    const int drained = lane < N ? device::load_acquire_sys(ints(self, p.nvl.head(c, n, lane))) : 0;
+    const int room = lane < N ? min(count - sent, Qs - (sent - drained)) : 0;
+    if (!__any_sync(~0u, room > 0)) {
+      s_sent[warp][lane] = sent;
+      s_count[warp][lane] = count;
+      __syncwarp();
+      const bool ok = warp_wait(
+          p, d * D + n,
+          [&] {
+            for (int s = 0; s < N; ++s)
+              if (s_sent[warp][s] < s_count[warp][s] &&
+                  s_sent[warp][s] - device::load_acquire_sys(ints(self, p.nvl.head(c, n, s))) < Qs)
+                return true;
+            return false;
+          },
+          lane);
+      if (!ok) return;
+      continue;
+    }
+    for (int s = 0; s < N; ++s) {
+      const int k = __shfl_sync(~0u, room, s), from = __shfl_sync(~0u, sent, s);
+      if (k <= 0) continue;
+      const int64_t row0 = __shfl_sync(~0u, first, s) + from;
+      for (int i = 0; i < k; ++i) {
+        char* dst = at(forwarder, p.nvl.slot(c, j, s, (from + i) % Qs));
+        device::warp_copy_16<false>(dst, static_cast<const char*>(a.x) + (row0 + i) * row_bytes, row_bytes / 16, lane);
+        for (int q = lane; q < a.num_topk; q += 32)
+          reinterpret_cast<float*>(dst + p.slot.weights)[q] = a.topk_weights[(row0 + i) * a.num_topk + q];
+      }
+      __syncwarp();
+      if (lane == 0) device::store_release_sys(ints(forwarder, p.nvl.tail(c, j, s)), from + k);
+      if (lane == s) sent = from + k;
+    }
+  }
+}
+
+// Forward block, warp for other domain s: the partial sums of the tokens this
+// rank forwarded from (s, n), back to (s, n).
+template <NetTransport T>
+__device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, int lane) {
+  const InternodeCombineArgs& a = p.args;
+  const InternodeHandle& h = a.handle;
+  const int D = p.peers.num_nvl_ranks;
+  const int d = p.peers.rank / D, n = p.peers.rank % D, pe = s * D + n;
+  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
+  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int n16 = a.hidden * 2 / 16;
+  char* local = net.local();
+  void* self = p.peers.buffers[n];
+  const int32_t* prefix = h.recv_rdma_channel_prefix_matrix + s * C;
+  const int before = c == 0 ? 0 : prefix[c - 1];
+  const int count = prefix[c] - before;
+  const int64_t row0 = (s == 0 ? 0 : h.recv_rdma_rank_prefix_sum[s - 1]) + before;
+  const int32_t* head = ints(local, p.net.head(c, s));
+  __shared__ int s_taken[32][32];
+  const int warp = threadIdx.x / 32;
+  int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
+  int placed = 0, put = 0;
+  const auto flush = [&] {
+    if (put == placed) return;
+    const int total = placed - put;
+    while (put < placed) {
+      const int first = put % Q, run = min(placed - put, Q - first);
+      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, s, first),
+                   static_cast<int64_t>(run) * p.slot.bytes);
+      put += run;
+    }
+    __syncwarp();
+    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(total));
+  };
+  bool ok = true;
+  for (int i = 0; ok && i < count; ++i) {
+    // The local ranks the token went to, from handle [9].
+    const bool to_lane = lane < D && h.send_nvl_head[(row0 + i) * D + lane] >= 0;
+    const uint32_t mask = __ballot_sync(~0u, to_lane);
+    // Every row of the token has come.
+    for (uint32_t left = mask; ok && left; left &= left - 1) {
+      const int j = __ffs(left) - 1;
+      const int want = __shfl_sync(~0u, consumed, j) + 1;
+      const int32_t* tail = ints(self, p.nvl.tail(c, j, s));
+      ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+    }
+    if (!ok) break;
+    if (placed - __shfl_sync(~0u, device::load_acquire_sys(head), 0) >= Q) {
+      flush();
+      ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
+      if (!ok) break;
+    }
+    char* out = local + p.net.stage_slot(c, s, placed % Q);
+    // Every lane reads every row's place (lanes that finish early leave the loops below).
+    s_taken[warp][lane] = consumed;
+    __syncwarp();
+    for (int v = lane; v < n16; v += 32) {
+      float acc[8] = {};
+      for (uint32_t left = mask; left; left &= left - 1) {
+        const int j = __ffs(left) - 1;
+        add_bf16x8(acc, device::load_shared_16(at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs)) + v * 16));
+      }
+      device::store_16(out + v * 16, to_bf16x8(acc));
+    }
+    for (int q = lane; q < a.num_topk; q += 32) {
+      float w = 0.0f;
+      for (uint32_t left = mask; left; left &= left - 1) {
+        const int j = __ffs(left) - 1;
+        w += __ldcg(
+            reinterpret_cast<const float*>(at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs)) + p.slot.weights) + q);
+      }
+      reinterpret_cast<float*>(out + p.slot.weights)[q] = w;
+    }
+    __syncwarp();
+    // The rows are read: their slots go back to the senders.
+    if (lane < D && (mask >> lane & 1)) {
+      ++consumed;
+      device::store_release_sys(ints(p.peers.buffers[lane], p.nvl.head(c, n, s)), consumed);
+    }
+    ++placed;
+    if (placed - put == chunk) flush();
+  }
+  if (ok) flush();
+  net.quiet();
+}
+
+// Forward block, warp of this rank's own domain: the final sums of this
+// rank's tokens of channel c.
+template <NetTransport T>
+__device__ void reduce_final(const CombineParams& p, const T& net, int c, int lane) {
+  const InternodeCombineArgs& a = p.args;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  const int d = p.peers.rank / D, n = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
+  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int n16 = a.hidden * 2 / 16;
+  char* local = net.local();
+  void* self = p.peers.buffers[n];
+  const int num_tokens = a.handle.num_tokens;
+  const int begin = channel_begin(num_tokens, c, C), end = channel_begin(num_tokens, c + 1, C);
+  // Lane j < D: rows taken from own sub-ring (c, j, d); lane e < N: partials
+  // taken from network ring (c, e), and how many of those were credited.
+  __shared__ int s_rows[32][32], s_partials[32][32];
+  const int warp = threadIdx.x / 32;
+  int rows_taken = 0, partials = 0, credited = 0;
+  bool ok = true;
+  for (int t = begin; ok && t < end; ++t) {
+    const uint32_t own = domain_mask(p, t, d);
+    const bool reaches = lane < N && lane != d && domain_mask(p, t, lane) != 0;
+    const uint32_t far = __ballot_sync(~0u, reaches);
+    for (uint32_t left = own; ok && left; left &= left - 1) {
+      const int j = __ffs(left) - 1;
+      const int want = __shfl_sync(~0u, rows_taken, j) + 1;
+      const int32_t* tail = ints(self, p.nvl.tail(c, j, d));
+      ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+    }
+    for (uint32_t left = far; ok && left; left &= left - 1) {
+      const int e = __ffs(left) - 1;
+      const int want = __shfl_sync(~0u, partials, e) + 1;
+      const int32_t* tail = ints(local, p.net.tail(c, e));
+      ok = warp_wait(p, e * D + n, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+    }
+    if (!ok) break;
+    const int64_t out_row = static_cast<int64_t>(t) * a.hidden * 2;
+    // Every lane reads every row's and partial's place (lanes that finish
+    // early leave the loops below).
+    s_rows[warp][lane] = rows_taken;
+    s_partials[warp][lane] = partials;
+    __syncwarp();
+    for (int v = lane; v < n16; v += 32) {
+      float acc[8] = {};
+      for (int e = 0; e < N; ++e) {
+        if (e == d) {
+          for (uint32_t left = own; left; left &= left - 1) {
+            const int j = __ffs(left) - 1;
+            add_bf16x8(acc, device::load_shared_16(at(self, p.nvl.slot(c, j, d, s_rows[warp][j] % Qs)) + v * 16));
+          }
+        } else if (far >> e & 1) {
+          add_bf16x8(acc, device::load_shared_16(local + p.net.recv_slot(c, e, s_partials[warp][e] % Q) + v * 16));
+        }
+      }
+      if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
+      if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
+      device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, to_bf16x8(acc));
+    }
+    if (a.combined_topk_weights != nullptr)
+      for (int q = lane; q < a.num_topk; q += 32) {
+        float w = 0.0f;
+        for (int e = 0; e < N; ++e) {
+          if (e == d) {
+            for (uint32_t left = own; left; left &= left - 1) {
+              const int j = __ffs(left) - 1;
+              const char* slot = at(self, p.nvl.slot(c, j, d, s_rows[warp][j] % Qs));
+              w += __ldcg(reinterpret_cast<const float*>(slot + p.slot.weights) + q);
+            }
+          } else if (far >> e & 1) {
+            const char* slot = local + p.net.recv_slot(c, e, s_partials[warp][e] % Q);
+            w += __ldcg(reinterpret_cast<const float*>(slot + p.slot.weights) + q);
+          }
+        }
+        a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + q] = w;
+      }
+    __syncwarp();
+    if (lane < D && (own >> lane & 1)) {
+      ++rows_taken;
+      device::store_release_sys(ints(p.peers.buffers[lane], p.nvl.head(c, n, d)), rows_taken);
+    }
+    if (far >> lane & 1) {
+      ++partials;
+      if (partials - credited >= chunk) {
+        net.add(lane * D + n, p.net.head(c, d), partials - credited);
+        credited = partials;
+      }
+    }
+  }
+  if (ok && lane < N && lane != d && partials > credited) net.add(lane * D + n, p.net.head(c, d), partials - credited);
+  net.quiet();
+}
+
+}  // namespace combine_detail
+
+template <NetTransport T>
+__global__ void __launch_bounds__(1024, 1) internode_combine_kernel(CombineParams p, T net) {
+  using namespace combine_detail;
+  if (device::wait_abandoned(p.ctx.errors)) return;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, d = p.peers.rank / D;
+  // A failed dispatch's handle (handle [4] marked -1 on every rank): nothing moves.
+  if (p.args.handle.recv_rdma_rank_prefix_sum[N - 1] < 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.args.handle.num_recv, 0, 2, 0);
+    return;
+  }
+  const int c = blockIdx.x / 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (blockIdx.x % 2 == 0) {
+    if (warp < D) send_rows(p, c, warp, lane);
+  } else if (warp == d) {
+    reduce_final(p, net, c, lane);
+  } else if (warp < N) {
+    reduce_for(p, net, c, warp, lane);
+  }
+}
+
+template <NetTransport T>
+void launch_combine_on(const CombineParams& p, const T& net, cudaStream_t stream) {
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  internode_combine_kernel<T><<<2 * p.net.shape.num_channels, 32 * (N > D ? N : D), 0, stream>>>(p, net);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace turnout::kernels::internode

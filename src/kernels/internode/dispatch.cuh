@@ -1,0 +1,341 @@
+// The internode dispatch data kernel (docs/INTERNODE.md "Data step"), a
+// template on the network transport. Channel c is a pair of blocks:
+//
+// - send block: a sender warp per destination domain e walks the channel's
+//   tokens in order, numbers those that reach e (handle [8]) and, for e other
+//   than this domain, stages each in the slot of the network ring it lands in
+//   and puts runs of staged slots to the forwarder (e, n), then arrives on its
+//   tail. Beside them a receiver warp per forwarder n of this domain drains
+//   the NVL sub-rings (c, n, s) into output rows.
+// - forward block: a forwarder warp per source domain s takes that source's
+//   tokens in order (from the network ring, or from x for this domain) and
+//   writes each into NVL sub-ring (c, n, s) of every local rank it goes to.
+//
+// Every ring has one writer and one reader. No wait closes a cycle: a
+// receiver polls all its sub-rings; a forwarder waits for its source's data
+// or a receiver's room, never holding unpublished slots; a sender waits for
+// credit only with every staged slot put. Every wait is bounded.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/memory_order.cuh"
+#include "kernels/device/vector_copy.cuh"
+#include "kernels/internode/launch.hpp"
+#include "kernels/internode/transport.cuh"
+#include "turnout/error.hpp"
+
+namespace turnout::kernels::internode {
+
+namespace dispatch_detail {
+
+// The slot's 16 bytes of source meta, as int32.
+constexpr int kMetaToken = 0;   // the token's index on its source rank
+constexpr int kMetaMask = 1;    // bit k: goes to local rank k of the destination domain
+constexpr int kMetaDomain = 2;  // the source's domain
+
+__device__ __forceinline__ char* at(void* base, int64_t offset) {
+  return static_cast<char*>(base) + offset;
+}
+
+__device__ __forceinline__ int32_t* ints(void* base, int64_t offset) {
+  return reinterpret_cast<int32_t*>(at(base, offset));
+}
+
+// Bit k: token t goes to local rank k of domain e.
+__device__ __forceinline__ uint32_t domain_mask(const DispatchParams& p, int t, int e) {
+  const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks;
+  const bool* row = p.args.handle.is_token_in_rank + static_cast<int64_t>(t) * R + e * D;
+  uint32_t mask = 0;
+  for (int k = 0; k < D; ++k) mask |= row[k] ? 1u << k : 0u;
+  return mask;
+}
+
+// Warp-wide: token t of this rank's input into the slot at `dst` (staging,
+// or a local rank's NVL slot).
+__device__ void pack_token(const DispatchParams& p, int t, char* dst, uint32_t mask, int lane) {
+  const InternodeDispatchArgs& a = p.args;
+  const DispatchSlot& s = p.slot;
+  device::warp_copy_16<false>(dst, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes,
+                              a.row_bytes / 16, lane);
+  const auto* scales = static_cast<const int32_t*>(a.x_scales);
+  for (int g = lane; g < a.num_scales; g += 32)
+    reinterpret_cast<int32_t*>(dst + s.scales)[g] = scales[t * a.scale_stride_token + g * a.scale_stride_group];
+  for (int k = lane; k < a.num_topk; k += 32) {
+    const int64_t i = static_cast<int64_t>(t) * a.num_topk + k;
+    reinterpret_cast<int32_t*>(dst + s.topk)[k] = static_cast<int32_t>(a.topk_idx[i]);
+    reinterpret_cast<float*>(dst + s.weights)[k] = a.topk_weights[i];
+  }
+  if (lane == 0)
+    device::store_16(dst + s.src, make_int4(t, static_cast<int>(mask), p.peers.rank / p.peers.num_nvl_ranks, 0));
+}
+
+// Warp-wide: the slot at `src` (written by another GPU) into output row `row`.
+__device__ void unpack_token(const DispatchParams& p, const char* src, int64_t row, int lane) {
+  const InternodeDispatchArgs& a = p.args;
+  const DispatchSlot& s = p.slot;
+  device::warp_copy_16<true>(at(a.recv_x, row * a.row_bytes), src, a.row_bytes / 16, lane);
+  for (int g = lane; g < a.num_scales; g += 32)
+    static_cast<int32_t*>(a.recv_x_scales)[row * a.num_scales + g] =
+        __ldcg(reinterpret_cast<const int32_t*>(src + s.scales) + g);
+  const int first = p.peers.rank * p.experts_per_rank;
+  for (int k = lane; k < a.num_topk; k += 32) {
+    const int32_t e = __ldcg(reinterpret_cast<const int32_t*>(src + s.topk) + k);
+    const bool mine = e >= first && e < first + p.experts_per_rank;
+    a.recv_topk_idx[row * a.num_topk + k] = mine ? e - first : -1;
+    a.recv_topk_weights[row * a.num_topk + k] =
+        mine ? __ldcg(reinterpret_cast<const float*>(src + s.weights) + k) : 0.f;
+  }
+  if (lane == 0 && !a.cached) {
+    const int4 meta = device::load_shared_16(src + s.src);
+    a.handle.recv_src_meta[row * 2] = meta.x;
+    a.handle.recv_src_meta[row * 2 + 1] = meta.y;
+  }
+}
+
+// Lane 0 waits, the warp learns the outcome.
+template <typename Ready>
+__device__ __forceinline__ bool warp_wait(const DispatchParams& p, int peer, Ready ready, int lane) {
+  bool ok = true;
+  if (lane == 0) ok = device::bounded_wait(p.ctx, peer, WaitSite::kDispatchData, ready);
+  return __shfl_sync(~0u, ok, 0);
+}
+
+template <NetTransport T>
+__device__ void send(const DispatchParams& p, const T& net, int c, int e, int lane) {
+  const InternodeDispatchArgs& a = p.args;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  const int d = p.peers.rank / D, n = p.peers.rank % D, pe = e * D + n;
+  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots;
+  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
+  char* local = net.local();
+  const int32_t* head = ints(local, p.net.head(c, e));
+  int placed = 0, put = 0;  // tokens numbered (staged when e is far), tokens put
+  // Puts the staged run [put, placed) (two puts where it wraps the ring) and arrives.
+  const auto flush = [&] {
+    if (put == placed) return;
+    const int count = placed - put;
+    while (put < placed) {
+      const int first = put % Q, run = min(placed - put, Q - first);
+      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, e, first),
+                   static_cast<int64_t>(run) * p.slot.bytes);
+      put += run;
+    }
+    __syncwarp();
+    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(count));
+  };
+  bool ok = true;
+  for (int base = begin; ok && base < end; base += 32) {
+    const int t_lane = base + lane;
+    const bool reaches = t_lane < end && domain_mask(p, t_lane, e) != 0;
+    if (!a.cached && t_lane < end && !reaches) a.handle.send_rdma_head[static_cast<int64_t>(t_lane) * N + e] = -1;
+    for (uint32_t ballot = __ballot_sync(~0u, reaches); ok && ballot; ballot &= ballot - 1) {
+      const int t = base + __ffs(ballot) - 1;
+      if (!a.cached && lane == 0) a.handle.send_rdma_head[static_cast<int64_t>(t) * N + e] = placed;
+      if (e != d) {
+        // Lane 0's view of the credit, so that the warp branches as one.
+        if (placed - __shfl_sync(~0u, device::load_acquire_sys(head), 0) >= Q) {
+          // Everything staged is put before waiting, so the forwarder can drain it.
+          flush();
+          ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
+          if (!ok) break;
+        }
+        pack_token(p, t, local + p.net.stage_slot(c, e, placed % Q), domain_mask(p, t, e), lane);
+        __syncwarp();
+      }
+      ++placed;
+      if (e != d && placed - put == chunk) flush();
+    }
+  }
+  if (e != d) {
+    if (ok) flush();
+    net.quiet();
+  }
+}
+
+template <NetTransport T>
+__device__ void forward(const DispatchParams& p, const T& net, int c, int s, int lane) {
+  const InternodeDispatchArgs& a = p.args;
+  const InternodeHandle& h = a.handle;
+  const int D = p.peers.num_nvl_ranks;
+  const int d = p.peers.rank / D, n = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
+  const int credit_chunk = a.config.num_max_rdma_chunked_send_tokens;
+  char* local = net.local();
+  void* self = p.peers.buffers[n];
+  const int32_t* recv_prefix = h.recv_rdma_channel_prefix_matrix + s * C;
+  const int before = c == 0 ? 0 : recv_prefix[c - 1];
+  const int count = recv_prefix[c] - before;
+  const int64_t row0 = (s == 0 ? 0 : h.recv_rdma_rank_prefix_sum[s - 1]) + before;
+  // Lane j: tokens written into sub-ring (c, n, s) of local rank j, and (for
+  // handle [9]) its place in the channel's stream to j in forward order:
+  // every earlier source domain's tokens of this channel to j first.
+  int written = 0, place = 0;
+  if (!a.cached && lane < D)
+    for (int e = 0; e < s; ++e) {
+      const int32_t* chan = ints(local, p.net.message(e)) + MessageLayout(p.net.shape).per_channel + lane * C;
+      place += chan[c] - (c == 0 ? 0 : chan[c - 1]);
+    }
+  const int32_t* tail = ints(local, p.net.tail(c, s));
+  int arrived = 0, credited = 0;
+  // This domain's tokens come from x: the channel's tokens that reach it, in order.
+  const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
+  int own_next = begin;
+  bool ok = true;
+  for (int i = 0; ok && i < count; ++i) {
+    const char* slot = nullptr;
+    int t = -1;
+    uint32_t mask;
+    if (s != d) {
+      if (i == arrived) {
+        if (credited < i) {
+          // Return every drained slot before waiting, so the sender is never short of them.
+          if (lane == 0) net.add(s * D + n, p.net.head(c, d), i - credited);
+          credited = i;
+        }
+        ok = warp_wait(p, s * D + n, [&] { return device::load_acquire_sys(tail) > i; }, lane);
+        if (!ok) break;
+        arrived = __shfl_sync(~0u, device::load_acquire_sys(tail), 0);
+      }
+      slot = local + p.net.recv_slot(c, s, i % Q);
+      mask = static_cast<uint32_t>(__ldcg(reinterpret_cast<const int32_t*>(slot + p.slot.src) + kMetaMask));
+    } else {
+      for (mask = 0; own_next < end && (mask = domain_mask(p, own_next, d)) == 0;) ++own_next;
+      t = own_next++;
+    }
+    for (uint32_t left = mask; ok && left; left &= left - 1) {
+      const int j = __ffs(left) - 1;
+      const int at_j = __shfl_sync(~0u, written, j);
+      const int32_t* head = ints(self, p.nvl.head(c, j, s));
+      ok = warp_wait(p, d * D + j, [&] { return at_j - device::load_acquire_sys(head) < Qs; }, lane);
+      if (!ok) break;
+      char* dst = at(p.peers.buffers[j], p.nvl.slot(c, n, s, at_j % Qs));
+      if (s != d)
+        device::warp_copy_16<true>(dst, slot, p.slot.bytes / 16, lane);
+      else
+        pack_token(p, t, dst, mask, lane);
+      __syncwarp();
+      if (lane == 0) device::store_release_sys(ints(p.peers.buffers[j], p.nvl.tail(c, n, s)), at_j + 1);
+    }
+    if (!ok) break;
+    const bool mine = lane < D && (mask >> lane & 1);
+    if (!a.cached && lane < D) h.send_nvl_head[(row0 + i) * D + lane] = mine ? place : -1;
+    written += mine ? 1 : 0;
+    place += mine ? 1 : 0;
+    if (s != d && i + 1 - credited >= credit_chunk) {
+      if (lane == 0) net.add(s * D + n, p.net.head(c, d), i + 1 - credited);
+      credited = i + 1;
+    }
+  }
+  if (ok && s != d && credited < count && lane == 0) net.add(s * D + n, p.net.head(c, d), count - credited);
+  if (s != d) net.quiet();
+}
+
+__device__ void receive(const DispatchParams& p, int c, int from, int lane) {
+  const InternodeHandle& h = p.args.handle;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  const int d = p.peers.rank / D, me_local = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
+  void* self = p.peers.buffers[me_local];
+  // Lane s: the rows of source (s, from) in this channel, and how many came.
+  int start = 0, expected = 0, done = 0;
+  if (lane < N) {
+    const int g = lane * D + from;
+    start = h.recv_gbl_channel_prefix_matrix[g * C + c];
+    const int stop = c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g];
+    expected = stop - start;
+  }
+  // Lane 0 waits on the warp's view of every sub-ring, kept in shared memory.
+  __shared__ int s_done[32][32], s_expected[32][32];
+  const int warp = threadIdx.x / 32;
+  while (__any_sync(~0u, done < expected)) {
+    // The sub-rings with data, polled together; a wait only when none has any.
+    const int ready = lane < N ? device::load_acquire_sys(ints(self, p.nvl.tail(c, from, lane))) : 0;
+    if (!__any_sync(~0u, ready > done)) {
+      s_done[warp][lane] = done;
+      s_expected[warp][lane] = expected;
+      __syncwarp();
+      const bool ok = warp_wait(
+          p, d * D + from,
+          [&] {
+            for (int s = 0; s < N; ++s)
+              if (s_done[warp][s] < s_expected[warp][s] &&
+                  device::load_acquire_sys(ints(self, p.nvl.tail(c, from, s))) > s_done[warp][s])
+                return true;
+            return false;
+          },
+          lane);
+      if (!ok) return;
+      continue;
+    }
+    for (int s = 0; s < N; ++s) {
+      const int upto = __shfl_sync(~0u, ready, s), from_done = __shfl_sync(~0u, done, s);
+      if (upto <= from_done) continue;
+      const int first_row = __shfl_sync(~0u, start, s);
+      for (int k = from_done; k < upto; ++k)
+        unpack_token(p, at(self, p.nvl.slot(c, from, s, k % Qs)), first_row + k, lane);
+      __syncwarp();
+      if (lane == 0) device::store_release_sys(ints(p.peers.buffers[from], p.nvl.head(c, me_local, s)), upto);
+      if (lane == s) done = upto;
+    }
+  }
+}
+
+// Rows past the received ones (num_worst_tokens; all of them when the call
+// failed) get no expert and no source; a failed call marks handle [4] -1, so
+// that no combine or cached dispatch takes the handle.
+__device__ void fill_padding(const DispatchParams& p, bool failed) {
+  const InternodeDispatchArgs& a = p.args;
+  const InternodeHandle& h = a.handle;
+  const int R = p.peers.num_ranks, N = R / p.peers.num_nvl_ranks, pair = blockIdx.x / 2;
+  const int C = p.net.shape.num_channels;
+  if (failed && pair == 0 && !a.cached)
+    for (int e = threadIdx.x; e < N; e += blockDim.x) h.recv_rdma_rank_prefix_sum[e] = -1;
+  if (a.num_worst_tokens == 0) return;
+  const int num_recv = failed ? 0 : h.recv_gbl_rank_prefix_sum[R - 1];
+  const int64_t per_row = 2 + a.num_topk;
+  const int64_t total = (h.num_recv - static_cast<int64_t>(num_recv)) * per_row;
+  for (int64_t i = pair * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(C) * blockDim.x) {
+    const int64_t row = num_recv + i / per_row;
+    const int k = static_cast<int>(i % per_row);
+    if (k < 2) {
+      if (!a.cached) h.recv_src_meta[row * 2 + k] = -1;
+    } else {
+      a.recv_topk_idx[row * a.num_topk + k - 2] = -1;
+      a.recv_topk_weights[row * a.num_topk + k - 2] = 0.0f;
+    }
+  }
+}
+
+}  // namespace dispatch_detail
+
+template <NetTransport T>
+__global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchParams p, T net) {
+  using namespace dispatch_detail;
+  if (device::wait_abandoned(p.ctx.errors)) return;
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  const bool failed = device::load_volatile(ints(p.peers.buffers[p.peers.rank % D], p.nvl.status)) != 0;
+  const int c = blockIdx.x / 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (blockIdx.x % 2 == 1) {
+    fill_padding(p, failed);
+    if (!failed && warp < N) forward(p, net, c, warp, lane);
+    return;
+  }
+  if (failed) return;
+  if (warp < N)
+    send(p, net, c, warp, lane);
+  else if (warp < N + D)
+    receive(p, c, warp - N, lane);
+}
+
+template <NetTransport T>
+void launch_dispatch_on(const DispatchParams& p, const T& net, cudaStream_t stream) {
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
+  internode_dispatch_kernel<T><<<2 * p.net.shape.num_channels, 32 * dispatch_block_warps(N, D), 0, stream>>>(p, net);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace turnout::kernels::internode

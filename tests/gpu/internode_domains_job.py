@@ -1,0 +1,216 @@
+"""Internode normal mode across declared NVL domains, as its own job: fresh
+processes whose environment declares the domain size (TURNOUT_NVL_DOMAIN_SIZE),
+so the Buffer spans domains and opens its network region over NVSHMEM (its
+P2P transport: this machine has no NIC). Run by test_internode_domains.py.
+
+    python internode_domains_job.py RANKS DOMAIN_SIZE TEST...
+
+TEST is one of TESTS below. Prints one line per test (PASS / SKIP / FAIL) and
+exits non-zero if any failed. With TURNOUT_JOB_PROGRESS set, each rank says
+when a test starts, and after TURNOUT_JOB_STACKS_AFTER_S (600) seconds prints
+every rank's Python stack and exits: what a hung collective looks like."""
+import os
+import sys
+import time
+import traceback
+
+TIMEOUT_S = 3.0
+HOST_GRACE_S = 2.0
+
+
+def make_context(rank: int, world_size: int):
+    import torch
+    import torch.distributed as dist
+
+    import harness
+
+    class DomainContext(harness.Context):
+        """The harness's context with one group, all ranks (a smaller group
+        would not hold whole domains)."""
+
+        def __init__(self) -> None:
+            self.rank = rank
+            self.world_size = world_size
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.num_devices = torch.cuda.device_count()
+            self.groups = {world_size: dist.group.WORLD}
+
+    return DomainContext()
+
+
+def domain_size() -> int:
+    return int(os.environ["TURNOUT_NVL_DOMAIN_SIZE"])
+
+
+def internode_buffer(ctx, hidden: int, **kwargs):
+    from internode_cases import buffer_bytes
+
+    nvl, rdma = buffer_bytes(hidden, ctx.world_size, domain_size())
+    return ctx.buffer(ctx.groups[ctx.world_size], nvl, rdma, **kwargs)
+
+
+def dispatch_and_combine(ctx) -> None:
+    """BF16 and FP8 (column-major scales), with and without top-k, expert
+    alignment, skewed routing (every token to one rank), -1 slots, a rank no
+    token goes to, a rank with no tokens, and biases: rows and handle entries
+    bitwise, combine within the reference's tolerance."""
+    from internode_cases import round_trip
+
+    from intranode_cases import Case
+
+    n, d = ctx.world_size, domain_size()
+    cases = (Case("uniform", 256, 1024, 8, 64, biases=2),
+             Case("uniform", 256, 1024, 8, 64, fp8=True, alignment=4),
+             Case("one_rank", 300, 512, 4, 32, biases=1, empty_rank=n - 1),
+             Case("holes", 128, 512, 6, 32),
+             Case("skip_rank", 128, 512, 4, 32),
+             Case("uniform", 64, 512, 0, 32))
+    with internode_buffer(ctx, 1024) as buf:
+        assert buf.num_rdma_bytes > 0
+        for case in cases:
+            round_trip(ctx, buf, case, n, d, f"{n} ranks as {n // d} domains of {d}, {case}")
+
+
+def cached_dispatch(ctx) -> None:
+    """A cached dispatch of other rows with a fresh dispatch's handle lands
+    them where the fresh one landed its rows."""
+    import torch
+    from internode_cases import check_rows, config, dispatch, reference_dispatch
+
+    from intranode_cases import Case, inputs_of
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    case = Case("uniform", 200, 1024, 8, 64)
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    with internode_buffer(ctx, 1024) as buf:
+        out = dispatch(buf, case, inputs[me], dev)
+        channels = out[4][1].shape[1]
+        other = [torch.randn(case.tokens_of(r), case.hidden, generator=torch.Generator().manual_seed(r)).bfloat16()
+                 for r in range(n)]
+        refs = reference_dispatch(case, n, d, inputs, channels, x_override=other)
+        recv_x, *rest = buf.dispatch(other[me].to(dev), handle=out[4], config=config())
+        assert rest[:4] == [None, None, None, None], "a cached dispatch returns only recv_x and the event"
+        no_topk = Case("uniform", 200, 1024, 0, 64)
+        check_rows(recv_x, None, None, refs[me], no_topk, f"n={n}: cached dispatch")
+
+
+def worst_tokens(ctx) -> None:
+    """num_worst_tokens: no host wait, outputs of that many rows, padding
+    marked -1, combine of the padded rows."""
+    from internode_cases import round_trip
+
+    from intranode_cases import Case
+
+    n, d = ctx.world_size, domain_size()
+    case = Case("uniform", 128, 512, 8, 64)
+    with internode_buffer(ctx, 512) as buf:
+        round_trip(ctx, buf, case, n, d, f"n={n}: num_worst_tokens", worst=case.tokens * n)
+
+
+def bad_input(ctx) -> None:
+    """Rank 0 passes an expert id out of range: every rank's dispatch raises
+    ValueError; the next good round trip is right."""
+    import torch
+    from internode_cases import config, round_trip
+
+    from harness import assert_raises
+    from intranode_cases import Case, inputs_of
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    case = Case("uniform", 64, 512, 4, 32)
+    with internode_buffer(ctx, 512) as buf:
+        inp = inputs_of(case, n, me)
+        topk_idx = inp.topk_idx.to(dev)
+        per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, case.experts)
+        if me == 0:
+            topk_idx = topk_idx.clone()
+            topk_idx[3, 1] = case.experts + 5
+        assert_raises(ValueError, lambda: buf.dispatch(
+            inp.x.to(dev), num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=inp.topk_weights.to(dev),
+            config=config()), "invalid input" if me != 0 else "expert")
+        torch.cuda.synchronize()
+        round_trip(ctx, buf, case, n, d, f"n={n}: after a bad input")
+
+
+def absent_rank(ctx) -> None:
+    """Every rank but the last dispatches: each raises TimeoutError within
+    timeout_s (+ grace); those that wait on the last rank directly (its NVL
+    domain, its local index in other domains) name it."""
+    import torch
+    from internode_cases import dispatch
+
+    from intranode_cases import Case, inputs_of
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    absent = n - 1
+    case = Case("uniform", 64, 512, 4, 32)
+    with internode_buffer(ctx, 512, timeout_s=TIMEOUT_S) as buf:
+        if me != absent:
+            start = time.monotonic()
+            error = None
+            try:
+                dispatch(buf, case, inputs_of(case, n, me), dev)
+                torch.cuda.synchronize()
+                buf.check_errors()
+            except TimeoutError as e:
+                error = e
+            elapsed = time.monotonic() - start
+            assert error is not None, f"n={n}: rank {absent} never called, and no TimeoutError came"
+            if me // d == absent // d or me % d == absent % d:
+                assert f"{absent}" in str(error), f"n={n}: the error does not name rank {absent}: {error}"
+            assert elapsed <= TIMEOUT_S + HOST_GRACE_S, f"n={n}: TimeoutError after {elapsed:.2f} s"
+            assert torch.arange(10, device=dev).sum().item() == 45, f"n={n}: the CUDA context is broken"
+        ctx.all_gather(None)
+
+
+TESTS = {"dispatch_and_combine": dispatch_and_combine, "cached_dispatch": cached_dispatch,
+         "worst_tokens": worst_tokens, "bad_input": bad_input, "absent_rank": absent_rank}
+
+
+def job(rank: int, world_size: int, tests):
+    import harness
+
+    if os.environ.get("TURNOUT_JOB_PROGRESS"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ.get("TURNOUT_JOB_STACKS_AFTER_S", "600")), exit=True)
+    ctx = make_context(rank, world_size)
+    lines = []
+    for name in tests:
+        start = time.monotonic()
+        if os.environ.get("TURNOUT_JOB_PROGRESS"):
+            print(f"[rank {rank}] start {name}", file=sys.stderr, flush=True)
+        try:
+            TESTS[name](ctx)
+            lines.append(f"PASS {name} ({time.monotonic() - start:.1f} s)")
+        except harness.Skipped as e:
+            lines.append(f"SKIP {name}: {e}")
+        except Exception:
+            lines.append(f"FAIL {name}:\n{traceback.format_exc()}")
+            break  # the others may wait for this rank in a collective
+    return lines
+
+
+def main() -> int:
+    from turnout.launch import run_on_local_gpus
+
+    num_ranks, domain = int(sys.argv[1]), int(sys.argv[2])
+    tests = sys.argv[3:]
+    assert os.environ.get("TURNOUT_NVL_DOMAIN_SIZE") == str(domain), "the caller declares the domain size"
+    try:
+        results = run_on_local_gpus(job, (tests,), num_ranks, "gloo", timeout_s=900)
+    except RuntimeError as e:
+        print(f"FAIL job: {e}")
+        return 1
+    failed = False
+    for rank, lines in enumerate(results):
+        for line in lines:
+            if rank == 0 or not line.startswith(("PASS", "SKIP")):
+                print(f"[rank {rank}] {line}")
+            failed |= line.startswith("FAIL")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

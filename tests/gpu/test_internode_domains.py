@@ -1,0 +1,57 @@
+"""Internode normal mode across declared NVL domains (NVSHMEM; its P2P
+transport on this machine, which has no NIC), against the host reference, in
+jobs of their own (fresh processes: NVSHMEM is set up per process, with the
+domain size declared in the environment). Configurations by the run's rank
+count: 4 ranks as 2 domains of 2 and 4 of 1; 8 as 2 of 4 and 4 of 2; and where
+the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs). Ranks that
+share a GPU run under an MPS daemon of the job's own, their shares summing to
+100. TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain
+size."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_nvshmem_window import find_library, smoke_env
+
+TESTS = ("dispatch_and_combine", "cached_dispatch", "worst_tokens", "bad_input",
+         "absent_rank")  # last: it leaves the buffer timed out
+
+
+def configurations(world_size: int, num_devices: int):
+    """(ranks, domain size) of the jobs this run makes."""
+    by_ranks = {4: [(4, 2), (4, 1)], 8: [(8, 4), (8, 2)]}
+    jobs = list(by_ranks.get(world_size, []))
+    if world_size == num_devices and 2 * world_size in by_ranks:
+        jobs += by_ranks[2 * world_size]
+    keep = os.environ.get("TURNOUT_DOMAIN_JOBS")
+    if keep:
+        jobs = [job for job in jobs if f"{job[0]}:{job[1]}" in keep.split()]
+    return jobs
+
+
+def test_internode_across_domains(ctx):
+    if not os.path.exists(find_library()):
+        ctx.skip(f"turnout was built without NVSHMEM (no {find_library()}; pip install nvidia-nvshmem-cu13==3.4.5 "
+                 "and rebuild)")
+    jobs = configurations(ctx.world_size, ctx.num_devices)
+    if not jobs:
+        ctx.skip(f"no internode configuration for {ctx.world_size} ranks")
+    if ctx.rank != 0:
+        return
+    script = Path(__file__).resolve().parent / "internode_domains_job.py"
+    for ranks, domain in jobs:
+        env = smoke_env(ranks, ctx.num_devices)
+        # The job starts an MPS daemon of its own where its ranks share GPUs.
+        env = {k: v for k, v in env.items() if not k.startswith("CUDA_MPS_")}
+        env["TURNOUT_NVL_DOMAIN_SIZE"] = str(domain)
+        what = f"{ranks} ranks as {ranks // domain} domains of {domain}"
+        out = subprocess.run([sys.executable, str(script), str(ranks), str(domain), *TESTS],
+                             capture_output=True, text=True, timeout=900, env=env)
+        print(f"{what}:\n{out.stdout}", flush=True)
+        assert out.returncode == 0, f"{what}: job exit {out.returncode}\n{out.stdout}\n{out.stderr[-6000:]}"
+        done = out.stdout.count("[rank 0] PASS") + out.stdout.count("[rank 0] SKIP")
+        assert done == len(TESTS) and "[rank 0] PASS" in out.stdout, f"{what}: {done} of {len(TESTS)} reported"
+
+
+test_internode_across_domains.timeout = 2400
