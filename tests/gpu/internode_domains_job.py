@@ -164,8 +164,20 @@ def absent_rank(ctx) -> None:
         ctx.all_gather(None)
 
 
-TESTS = {"dispatch_and_combine": dispatch_and_combine, "cached_dispatch": cached_dispatch,
-         "worst_tokens": worst_tokens, "bad_input": bad_input, "absent_rank": absent_rank}
+def shrink_refused(ctx) -> None:
+    """Shrink mode is not available in internode mode yet: refused by name on every rank, before NVSHMEM starts."""
+    import turnout
+    from harness import assert_raises
+
+    n = ctx.world_size
+    assert_raises(NotImplementedError, lambda: turnout.Buffer(ctx.groups[n], 1 << 20, 1 << 20, enable_shrink=True,
+                                                              explicitly_destroy=True),
+                  "enable_shrink", "internode")
+
+
+TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
+         "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens, "bad_input": bad_input,
+         "absent_rank": absent_rank}
 
 
 def job(rank: int, world_size: int, tests):

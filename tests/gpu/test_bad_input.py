@@ -91,7 +91,7 @@ def test_bad_constructor_arguments_raise(ctx):
         assert_raises(ValueError, lambda: turnout.Buffer(None, comm=None), "group")
         assert_raises(ValueError, lambda: turnout.Buffer(g, low_latency_mode=True), "num_rdma_bytes",
                       "low_latency_mode")
-        assert_raises(NotImplementedError, lambda: turnout.Buffer(g, num_rdma_bytes=1), "num_rdma_bytes")
+        assert_raises(NotImplementedError, lambda: turnout.Buffer(g, use_fabric=True), "use_fabric")
         assert_raises(ValueError, lambda: turnout.Buffer(g, num_nvl_bytes=-1), "num_nvl_bytes")
         assert_raises(ValueError, lambda: turnout.Buffer(g, num_nvl_bytes=NVL_BYTES, timeout_s=-1), "timeout_s")
 

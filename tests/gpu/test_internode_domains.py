@@ -14,8 +14,8 @@ from pathlib import Path
 
 from test_nvshmem_window import find_library, smoke_env
 
-TESTS = ("dispatch_and_combine", "cached_dispatch", "worst_tokens", "bad_input",
-         "absent_rank")  # last: it leaves the buffer timed out
+TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "bad_input",
+         "absent_rank")
 
 
 def configurations(world_size: int, num_devices: int):
