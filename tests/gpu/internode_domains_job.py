@@ -107,6 +107,61 @@ def worst_tokens(ctx) -> None:
         round_trip(ctx, buf, case, n, d, f"n={n}: num_worst_tokens", worst=case.tokens * n)
 
 
+def worst_tokens_in_graph(ctx) -> None:
+    """dispatch(num_worst_tokens) + combine captured once in a CUDA graph,
+    replayed with new routings and data copied into the captured inputs."""
+    import torch
+    from internode_cases import check_combine, check_dispatch, config, reference_combine, reference_dispatch
+
+    from intranode_cases import Case, combine_inputs, inputs_of
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    case = Case("uniform", 128, 512, 4, 32, biases=1)
+    worst = case.tokens * n
+    with internode_buffer(ctx, 512) as buf:
+        first = inputs_of(case, n, me)
+        x, topk_idx, weights = first.x.to(dev), first.topk_idx.to(dev), first.topk_weights.to(dev)
+        per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, case.experts)
+        comb_x = torch.zeros(worst, case.hidden, dtype=torch.bfloat16, device=dev)
+        bias = torch.zeros(case.tokens, case.hidden, dtype=torch.bfloat16, device=dev)
+
+        def step():
+            out = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                               is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk_idx,
+                               topk_weights=weights, num_worst_tokens=worst, config=config())
+            return out, buf.combine(comb_x, out[4], topk_weights=out[2], bias=bias, config=config())
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, back = step()
+        channels = out[4][1].shape[1]
+        for it in range(5):
+            it_case = Case("uniform", 128, 512, 4, 32, biases=1, seed=1000 + it)
+            inputs = [inputs_of(it_case, n, r) for r in range(n)]
+            refs = reference_dispatch(it_case, n, d, inputs, channels)
+            mine = inputs[me]
+            x.copy_(mine.x)
+            topk_idx.copy_(mine.topk_idx)
+            weights.copy_(mine.topk_weights)
+            in_rank.copy_(torch.from_numpy(mine.is_token_in_rank.astype(bool)))
+            num_recv = refs[me].num_recv
+            cx, biases = combine_inputs(it_case, n, me, num_recv)
+            comb_x[:num_recv].copy_(cx)
+            bias.copy_(biases[0])
+            graph.replay()
+            torch.cuda.synchronize()
+            buf.check_errors()
+            what = f"n={n} replay {it}"
+            check_dispatch(out, refs[me], it_case, what, worst=worst)
+            check_combine(back, reference_combine(it_case, n, refs, me), it_case, what)
+        del graph
+
+
 def bad_input(ctx) -> None:
     """Rank 0 passes an expert id out of range: every rank's dispatch raises
     ValueError; the next good round trip is right."""
@@ -176,7 +231,8 @@ def shrink_refused(ctx) -> None:
 
 
 TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
-         "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens, "bad_input": bad_input,
+         "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
+         "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
          "absent_rank": absent_rank}
 
 

@@ -3,7 +3,8 @@ transport on this machine, which has no NIC), against the host reference, in
 jobs of their own (fresh processes: NVSHMEM is set up per process, with the
 domain size declared in the environment). Configurations by the run's rank
 count: 4 ranks as 2 domains of 2 and 4 of 1; 8 as 2 of 4 and 4 of 2; and where
-the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs). Ranks that
+the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs); with 8 ranks,
+16 as 2 domains of 8. Ranks that
 share a GPU run under an MPS daemon of the job's own, their shares summing to
 100. TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain
 size."""
@@ -14,8 +15,8 @@ from pathlib import Path
 
 from test_nvshmem_window import find_library, smoke_env
 
-TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "bad_input",
-         "absent_rank")
+TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "worst_tokens_in_graph",
+         "bad_input", "absent_rank")
 
 
 def configurations(world_size: int, num_devices: int):
@@ -24,6 +25,9 @@ def configurations(world_size: int, num_devices: int):
     jobs = list(by_ranks.get(world_size, []))
     if world_size == num_devices and 2 * world_size in by_ranks:
         jobs += by_ranks[2 * world_size]
+    if world_size == 8:
+        # DeepEP's deployment shape: two full domains of 8.
+        jobs.append((16, 8))
     keep = os.environ.get("TURNOUT_DOMAIN_JOBS")
     if keep:
         jobs = [job for job in jobs if f"{job[0]}:{job[1]}" in keep.split()]
