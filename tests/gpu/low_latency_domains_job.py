@@ -91,14 +91,14 @@ def wrong_domain_size(ctx) -> None:
 
 
 def shrink_lost_rank(ctx) -> None:
-    """Shrink mode across domains: the last rank (in the last domain) stops
-    calling after a checked round trip. The survivors' next dispatch gives up
-    on it after the shrink timeout and masks it; that call and the ones after
-    it match the host reference without its tokens and experts; a clean and a
-    destroy return within bounded time, without NVSHMEM's collectives (which
-    would wait for it forever). NVSHMEM then stays initialized in every
-    process, so this test comes last in its job. The stopped rank destroys
-    its buffer after the survivors: it gives up on them in turn."""
+    """Shrink mode across domains: every rank makes checked round trips and a
+    clean together, then the last rank (in the last domain) stops calling.
+    The survivors' next dispatch gives up on it after the shrink timeout and
+    masks it; that call and the ones after it match the host reference
+    without its tokens and experts; a clean and a destroy return within
+    bounded time, without NVSHMEM's collectives (which would wait for it
+    forever). NVSHMEM then stays initialized in every process, so this test
+    comes last in its job. The stopped rank destroys its buffer after the survivors: it gives up on them in turn."""
     import torch
 
     from low_latency_cases import size_hint
@@ -113,6 +113,12 @@ def shrink_lost_rank(ctx) -> None:
             step = Step(ctx, buf, refs, case)
             step.dispatch(set(), f"n={n} {case}: before the stop: dispatch")
             step.combine(set(), set(), f"n={n} {case}: before the stop: combine")
+        # Every rank at the group barrier (clean's two): the counters start again, the next call is right.
+        buf.clean_low_latency_buffer(CASES[0].max_tokens, CASES[0].hidden, CASES[0].experts)
+        step = Step(ctx, buf, refs, CASES[0])
+        step.dispatch(set(), f"n={n}: after a clean of every rank: dispatch")
+        step.combine(set(), set(), f"n={n}: after a clean of every rank: combine")
+        assert_mask(buf, n, dev, set(), f"n={n}: before the stop")
         ctx.all_gather(None)
         if me != lost:
             gone = {lost}
