@@ -98,7 +98,8 @@ def shrink_lost_rank(ctx) -> None:
     without its tokens and experts; a clean and a destroy return within
     bounded time, without NVSHMEM's collectives (which would wait for it
     forever). NVSHMEM then stays initialized in every process, so this test
-    comes last in its job. The stopped rank destroys its buffer after the survivors: it gives up on them in turn."""
+    comes last in its job. The stopped rank destroys its buffer after the
+    survivors: it gives up on them in turn."""
     import torch
 
     from low_latency_cases import size_hint
