@@ -152,7 +152,8 @@ class Buffer {
   size_t num_low_latency_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
-  // timeout); a peer that never comes leaves a timeout record.
+  // timeout); a peer that never comes leaves a timeout record. Where
+  // low-latency mode spans NVL domains, every rank of the group meets.
   void barrier(cudaStream_t stream);
 
   // Copies `bytes` from `src` into every NVL peer's buffer (this rank's own
