@@ -35,8 +35,9 @@ struct RankInfo {
   uint64_t num_nvl_bytes;
   uint64_t num_rdma_bytes;
   RankGpu gpu;
-  // Options that decide whether a rank takes part in NVSHMEM's collective
-  // set-up: every rank must pass the same.
+  // Options every rank must pass alike: the first decides who takes part in
+  // NVSHMEM's collective set-up, the second how it is torn down (and the
+  // barriers it meets in).
   uint8_t allow_nvlink_for_low_latency_mode;
   uint8_t enable_shrink;
 };
