@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 2
+#define TURNOUT_NVSHMEM_API_VERSION 3
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */
@@ -74,6 +74,11 @@ typedef struct turnout_nvshmem_api_v1_t {
    * is a LowLatencyPhase. */
   int (*low_latency_dispatch)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
   int (*low_latency_combine)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
+  /* The group barrier (shrink mode aware, bounded) of such a group, enqueued
+   * on `stream`: `args` points to a kernels::low_latency::BarrierArgs of
+   * low_latency_barrier_args_bytes, `group` as above. */
+  uint32_t low_latency_barrier_args_bytes;
+  int (*low_latency_barrier)(const void* args, const void* group, cudaStream_t stream);
 } turnout_nvshmem_api_v1_t;
 
 /* The library's one export, named TURNOUT_NVSHMEM_API_SYMBOL. */

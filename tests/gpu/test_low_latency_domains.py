@@ -1,6 +1,7 @@
 """Low-latency mode across NVL domains (NVSHMEM; its P2P transport on this
 machine, which has no NIC), against the host reference: the suite's
-low-latency tests, a rank that never calls, and a wrong declared domain size,
+low-latency tests, a rank that never calls, a wrong declared domain size, and
+shrink mode with a rank that stops calling,
 in jobs of their own (fresh processes: NVSHMEM is set up per process, with the
 domain size declared in the environment). Configurations by the run's rank
 count: 2 ranks as 2 domains of 1; 4 as 2 of 2, 4 of 1, and one domain with
@@ -26,7 +27,7 @@ TESTS = (
     "test_low_latency_errors::test_expert_ids_out_of_range_fail_on_every_rank",
     "absent_rank",
     "wrong_domain_size",
-    "shrink_refused",
+    "shrink_lost_rank",  # last: it leaves NVSHMEM initialized in every process
 )
 
 
@@ -38,7 +39,7 @@ SHORT_TESTS = (
     "test_low_latency_graph::test_hooked_dispatch_and_combine_in_cuda_graph",
     "absent_rank",
     "wrong_domain_size",
-    "shrink_refused",
+    "shrink_lost_rank",  # last: it leaves NVSHMEM initialized in every process
 )
 
 
