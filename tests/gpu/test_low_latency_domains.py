@@ -8,8 +8,9 @@ count: 2 ranks as 2 domains of 1; 4 as 2 of 2, 4 of 1, and one domain with
 NVLink kept out of low-latency mode; 8 as 2 of 4 and 4 of 2; and where the run
 has a GPU per rank, twice its ranks (8 ranks on 4 GPUs as 2 of 4 and 4 of 2,
 a shorter list of tests); and with 8 ranks, 16 as 2 domains of 8.
-TURNOUT_DOMAIN_TESTS=short gives every job the shorter list (a run that must
-fit a time limit)."""
+TURNOUT_DOMAIN_TESTS=short gives every job the shorter list, and
+TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain size
+(runs that must fit a time limit)."""
 import os
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def configurations(world_size: int, num_devices: int):
     if world_size == 8:
         # Past one NVL domain's 8 ranks: 16 as two full domains.
         jobs.append((16, 8, True, SHORT_TESTS))
+    keep = os.environ.get("TURNOUT_DOMAIN_JOBS")
+    if keep:
+        jobs = [job for job in jobs if f"{job[0]}:{job[1]}" in keep.split()]
     return jobs
 
 
