@@ -68,8 +68,11 @@ class Buffer {
   // Collective: waits for local work, meets the NVL peers (bounded by the
   // timeout) so none still touches our memory, then frees everything. In
   // shrink mode it never waits for a peer (peers keep their mappings of this
-  // rank's memory alive until they free theirs). Idempotent; the destructor
-  // calls it.
+  // rank's memory alive until they free theirs); across NVL domains it meets
+  // the unmasked ranks (bounded by the shrink timeout) to agree on NVSHMEM's
+  // collective teardown, and where any rank is lost leaves NVSHMEM
+  // initialized, its symmetric memory allocated, until the process exits.
+  // Idempotent; the destructor calls it.
   void destroy();
   bool destroyed() const;
 
@@ -161,7 +164,8 @@ class Buffer {
   size_t num_low_latency_bytes() const;
 
   // Every NVL peer meets here (a device barrier on `stream`, bounded by the
-  // timeout); a peer that never comes leaves a timeout record.
+  // timeout); a peer that never comes leaves a timeout record. Where
+  // low-latency mode spans NVL domains, every rank of the group meets.
   void barrier(cudaStream_t stream);
 
   // Copies `bytes` from `src` into every NVL peer's buffer (this rank's own

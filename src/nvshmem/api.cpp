@@ -165,6 +165,14 @@ int low_latency_combine(const void* args, const void* region, const void* group,
   });
 }
 
+int low_latency_barrier(const void* args, const void* group, cudaStream_t stream) {
+  return guarded("low_latency_barrier", [&] {
+    require(args != nullptr && group != nullptr, "needs args and group");
+    launch_low_latency_barrier(*static_cast<const kernels::low_latency::BarrierArgs*>(args),
+                               *static_cast<const kernels::low_latency::Group*>(group), stream);
+  });
+}
+
 int internode_notify(const void* params, cudaStream_t stream) {
   return guarded("internode_notify", [&] {
     require(params != nullptr, "needs params");
@@ -212,6 +220,8 @@ extern "C" __attribute__((visibility("default"))) const turnout_nvshmem_api_v1_t
       .low_latency_group_bytes = sizeof(turnout::kernels::low_latency::Group),
       .low_latency_dispatch = n::low_latency_dispatch,
       .low_latency_combine = n::low_latency_combine,
+      .low_latency_barrier_args_bytes = sizeof(turnout::kernels::low_latency::BarrierArgs),
+      .low_latency_barrier = n::low_latency_barrier,
       .internode_notify_params_bytes = sizeof(turnout::kernels::internode::NotifyParams),
       .internode_dispatch_params_bytes = sizeof(turnout::kernels::internode::DispatchParams),
       .internode_combine_params_bytes = sizeof(turnout::kernels::internode::CombineParams),

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/low_latency/group_barrier.hpp"
 #include "kernels/low_latency/launch.hpp"
 #include "turnout/low_latency.hpp"
 
@@ -13,5 +14,7 @@ void launch_low_latency_dispatch(const LowLatencyDispatchArgs& args, const kerne
                                  const kernels::low_latency::Group& group, LowLatencyPhase phase, cudaStream_t stream);
 void launch_low_latency_combine(const LowLatencyCombineArgs& args, const kernels::low_latency::Region& region,
                                 const kernels::low_latency::Group& group, LowLatencyPhase phase, cudaStream_t stream);
+void launch_low_latency_barrier(const kernels::low_latency::BarrierArgs& args, const kernels::low_latency::Group& group,
+                                cudaStream_t stream);
 
 }  // namespace turnout::nvshmem

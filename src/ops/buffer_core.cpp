@@ -12,6 +12,7 @@
 
 #include "kernels/internode/launch.hpp"
 #include "kernels/launch.hpp"
+#include "kernels/low_latency/group_barrier.hpp"
 #include "kernels/low_latency/launch.hpp"
 #include "runtime/align.hpp"
 #include "runtime/control_region.hpp"
@@ -35,8 +36,9 @@ struct RankInfo {
   uint64_t num_nvl_bytes;
   uint64_t num_rdma_bytes;
   RankGpu gpu;
-  // Options that decide whether a rank takes part in NVSHMEM's collective
-  // set-up: every rank must pass the same.
+  // Options every rank must pass alike: the first decides who takes part in
+  // NVSHMEM's collective set-up, the second how it is torn down (and the
+  // barriers it meets in).
   uint8_t allow_nvlink_for_low_latency_mode;
   uint8_t enable_shrink;
 };
@@ -129,10 +131,6 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
     throw NotSupported("Buffer: low_latency_mode across NVL domains takes at most " +
                        std::to_string(kernels::low_latency::kMaxGroupRanks) +
                        " ranks in this version of turnout; this group has " + std::to_string(topology_.num_ranks));
-  if (over_nvshmem && options.enable_shrink)
-    throw NotSupported(
-        "Buffer: enable_shrink=True with low_latency_mode across NVL domains (or with "
-        "allow_nvlink_for_low_latency_mode=False) is not available in this version of turnout");
   if (options.low_latency_mode && options.num_rdma_bytes == 0)
     throw InvalidArgument(
         "Buffer: low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint), got 0");
@@ -243,11 +241,17 @@ void BufferCore::open_low_latency_over_nvshmem(Bootstrap& bootstrap) {
     throw NotSupported("Buffer: " + nvshmem_library_path() +
                        " was built from other sources than this turnout (its low-latency structs differ in size); "
                        "reinstall turnout");
+  if (api.low_latency_barrier_args_bytes != sizeof(kernels::low_latency::BarrierArgs))
+    throw NotSupported("Buffer: " + nvshmem_library_path() +
+                       " was built from other sources than this turnout (its barrier's arguments differ in size); "
+                       "reinstall turnout");
   low_latency_nvshmem_ = &api;
-  low_latency_symmetric_ = nvshmem_->alloc(low_latency_bytes_);
+  // The group barrier's state follows the region, out of clean's reach.
+  const size_t symmetric_bytes = low_latency_bytes_ + kernels::low_latency::kBarrierAreaBytes;
+  low_latency_symmetric_ = nvshmem_->alloc(symmetric_bytes);
   local_low_latency_ = low_latency_symmetric_.get();
   // Zeroed on every rank before any rank's first call can write to it.
-  TURNOUT_CUDA_CHECK(cudaMemsetAsync(local_low_latency_, 0, low_latency_bytes_, comm_stream_));
+  TURNOUT_CUDA_CHECK(cudaMemsetAsync(local_low_latency_, 0, symmetric_bytes, comm_stream_));
   nvshmem_->barrier(comm_stream_);
   synchronize(comm_stream_, "Buffer");
   const int domain = topology_.rdma_rank();
@@ -278,6 +282,18 @@ void BufferCore::destroy() {
                    e.what());
     }
   }
+  // Shrink mode: NVSHMEM's collective free and finalize would wait forever
+  // for a dead peer. Where any rank has a peer masked, every rank that meets
+  // at the barrier below leaves NVSHMEM as it is instead (its symmetric heap
+  // stays allocated until the process exits: the price of losing a rank).
+  if (nvshmem_ && options_.enable_shrink && must_leave_nvshmem_alone(st)) {
+    std::fprintf(stderr,
+                 "turnout: rank %d: a peer is lost (masked); NVSHMEM is left initialized and its symmetric memory "
+                 "allocated until this process exits\n",
+                 topology_.rank);
+    low_latency_symmetric_.abandon();
+    nvshmem_->abandon();
+  }
   peer_user_table_.reset();
   mask_.reset();
   low_latency_table_.reset();
@@ -289,7 +305,8 @@ void BufferCore::destroy() {
   // synchronized its device above, so no kernel still touches it), then
   // NVSHMEM itself. That meeting also stands for the NVL barrier (internode
   // kernels write peers' NVL buffers): no rank frees its peer allocation
-  // before every rank's kernels are done.
+  // before every rank's kernels are done. Nothing collective where NVSHMEM
+  // was left alone above.
   low_latency_symmetric_.reset();
   internode_symmetric_.reset();
   nvshmem_.reset();
@@ -299,6 +316,36 @@ void BufferCore::destroy() {
   owned_comm_stream_.reset();
   comm_stream_ = nullptr;
   if (st != cudaSuccess) detail::throw_cuda_error(st, "cudaDeviceSynchronize()", __FILE__, __LINE__);
+}
+
+bool BufferCore::must_leave_nvshmem_alone(cudaError_t device_status) {
+  if (device_status != cudaSuccess || errors_.timed_out()) return true;
+  try {
+    const DeviceMemory verdict = allocate_device(sizeof(int32_t));
+    kernels::low_latency::BarrierArgs args;
+    args.area = static_cast<int64_t>(low_latency_bytes_);
+    args.leave_verdict = static_cast<int32_t*>(verdict.get());
+    begin_call();
+    launch_group_barrier(args, wait_context(OpKind::kBarrier, true), comm_stream_);
+    synchronize(comm_stream_, "Buffer.destroy");
+    int32_t alone = 1;
+    TURNOUT_CUDA_CHECK(cudaMemcpy(&alone, verdict.get(), sizeof alone, cudaMemcpyDeviceToHost));
+    return alone != 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "turnout: rank %d: the peers' vote at destroy failed: %s\n", topology_.rank, e.what());
+    return true;
+  }
+}
+
+void BufferCore::launch_group_barrier(const kernels::low_latency::BarrierArgs& args, const kernels::WaitContext& wait,
+                                      cudaStream_t stream) {
+  kernels::low_latency::Group group;
+  group.regions = low_latency_table();
+  group.rank = topology_.rank;
+  group.num_ranks = topology_.num_ranks;
+  group.wait = wait;
+  group.receive_wait = wait;
+  nvshmem_check(*low_latency_nvshmem_, low_latency_nvshmem_->low_latency_barrier(&args, &group, stream), "barrier");
 }
 
 void BufferCore::require_alive(const char* op) const {
@@ -394,13 +441,21 @@ void BufferCore::synchronize(cudaStream_t stream, const char* op) {
 void BufferCore::barrier(cudaStream_t stream, bool shrinkable) {
   require_alive("barrier");
   check_errors("barrier");
-  if (nvshmem_) {
-    // Every rank of the group, across domains: NVSHMEM's barrier (it has no
-    // timeout and knows no mask).
+  if (nvshmem_ && low_latency_symmetric_.get() == nullptr) {
+    // Internode normal mode (no low-latency region to meet in): NVSHMEM's
+    // barrier, which has no timeout and knows no mask.
     nvshmem_->barrier(stream);
     return;
   }
   begin_call();
+  if (nvshmem_) {
+    // Every rank of the group, across domains, over the low-latency
+    // transport: bounded, and shrink mode aware.
+    kernels::low_latency::BarrierArgs args;
+    args.area = static_cast<int64_t>(low_latency_bytes_);
+    launch_group_barrier(args, wait_context(OpKind::kBarrier, shrinkable), stream);
+    return;
+  }
   kernels::launch_barrier(nvl_->device_table(), topology_.nvl_rank(), topology_.num_nvl_ranks,
                           wait_context(OpKind::kBarrier, shrinkable), stream);
 }

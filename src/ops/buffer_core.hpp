@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/low_latency/group_barrier.hpp"
 #include "kernels/wait_context.hpp"
 #include "runtime/cuda_resources.hpp"
 #include "runtime/device_error.hpp"
@@ -103,6 +104,14 @@ class BufferCore {
   void open_internode_over_nvshmem(Bootstrap& bootstrap);
   // The device table of low_latency_table().
   void set_low_latency_table(const std::vector<void*>& regions);
+  // Over NVSHMEM: the group barrier (kernels/low_latency/group_barrier.hpp).
+  void launch_group_barrier(const kernels::low_latency::BarrierArgs& args, const kernels::WaitContext& wait,
+                            cudaStream_t stream);
+  // Destroy in shrink mode over NVSHMEM, after the device is synchronized
+  // (`device_status`): the unmasked ranks meet and vote; true where this
+  // rank, a peer it met, or its mask says a rank is lost (or the vote
+  // failed), so NVSHMEM's collective teardown must not run.
+  bool must_leave_nvshmem_alone(cudaError_t device_status);
 
   BufferOptions options_;
   double timeout_s_;

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 3
+#define TURNOUT_NVSHMEM_API_VERSION 4
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */
@@ -74,8 +74,13 @@ typedef struct turnout_nvshmem_api_v1_t {
    * is a LowLatencyPhase. */
   int (*low_latency_dispatch)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
   int (*low_latency_combine)(const void* args, const void* region, const void* group, int phase, cudaStream_t stream);
+  /* The group barrier (shrink mode aware, bounded) of such a group, enqueued
+   * on `stream`: `args` points to a kernels::low_latency::BarrierArgs of
+   * low_latency_barrier_args_bytes, `group` as above. */
+  uint32_t low_latency_barrier_args_bytes;
+  int (*low_latency_barrier)(const void* args, const void* group, cudaStream_t stream);
 
-  /* Internode normal mode (version 3). The sizes of
+  /* Internode normal mode (version 4). The sizes of
    * kernels::internode::NotifyParams, DispatchParams and CombineParams in
    * the library's build (the core refuses a library whose sizes differ), and
    * the counts step, the dispatch data step and combine enqueued on

@@ -1,10 +1,12 @@
 #include "runtime/nvshmem_window.hpp"
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,16 @@ class ProcessClaim {
   }
   explicit operator bool() const { return held_; }
 
+  // NVSHMEM was left initialized for good: every later claim is refused.
+  static void mark_abandoned() noexcept {
+    std::lock_guard<std::mutex> lock(mutex());
+    abandoned() = true;
+  }
+  static bool was_abandoned() {
+    std::lock_guard<std::mutex> lock(mutex());
+    return abandoned();
+  }
+
  private:
   static std::mutex& mutex() {
     static std::mutex m;
@@ -52,6 +64,10 @@ class ProcessClaim {
   static bool& claimed() {
     static bool c = false;
     return c;
+  }
+  static bool& abandoned() {
+    static bool a = false;
+    return a;
   }
   void release() noexcept {
     if (!held_) return;
@@ -64,7 +80,15 @@ class ProcessClaim {
 };
 
 // Why a rank cannot take part, all-gathered so that every rank stops alike.
-enum class Refusal : uint8_t { kNone, kWindowOpen, kNoDevice, kNoLibrary, kInitializedElsewhere, kNoUniqueId };
+enum class Refusal : uint8_t {
+  kNone,
+  kWindowOpen,
+  kNoDevice,
+  kNoLibrary,
+  kInitializedElsewhere,
+  kNoUniqueId,
+  kAbandoned
+};
 
 const char* describe(Refusal r) {
   switch (r) {
@@ -80,6 +104,8 @@ const char* describe(Refusal r) {
       return "NVSHMEM was already initialized in its process, not by turnout (or could not say)";
     case Refusal::kNoUniqueId:
       return "it could not get NVSHMEM's unique id";
+    case Refusal::kAbandoned:
+      return "NVSHMEM was left initialized in its process after a peer was lost";
   }
   return "unknown";
 }
@@ -107,6 +133,13 @@ struct Readiness {
 
 Readiness check_readiness(const ProcessClaim& claim) {
   Readiness ready;
+  if (!claim && ProcessClaim::was_abandoned()) {
+    ready.refuse(Refusal::kAbandoned,
+                 NotSupported("turnout: NVSHMEM stays initialized in this process to its end: a shrink-mode buffer "
+                              "lost a peer, and NVSHMEM cannot be finalized without every rank; NVSHMEM is "
+                              "available again in a new process"));
+    return ready;
+  }
   if (!claim) {
     ready.refuse(Refusal::kWindowOpen, NotSupported("turnout: an NVSHMEM window is already open in this process "
                                                     "(NVSHMEM is initialized once at a time): destroy it and its "
@@ -159,6 +192,15 @@ class NvshmemSession {
 
   const NvshmemApi& api() const { return api_; }
 
+  // Keeps `session` past the end of the process: never finalized. At most
+  // one session is ever abandoned, as no claim is granted after it.
+  static void keep_forever(std::shared_ptr<NvshmemSession> session) noexcept {
+    ProcessClaim::mark_abandoned();
+    // Never destroyed, on purpose: a destructor at exit would finalize.
+    alignas(std::shared_ptr<NvshmemSession>) static std::byte slot[sizeof(std::shared_ptr<NvshmemSession>)];
+    new (slot) std::shared_ptr<NvshmemSession>(std::move(session));
+  }
+
  private:
   const NvshmemApi& api_;
   ProcessClaim claim_;  // released after the finalize above: members go after the destructor's body
@@ -190,6 +232,12 @@ void NvshmemAllocation::reset() noexcept {
   ptr_ = nullptr;
   size_ = 0;
   session_.reset();  // the last owner finalizes, after the free above
+}
+
+void NvshmemAllocation::abandon() noexcept {
+  ptr_ = nullptr;
+  size_ = 0;
+  session_.reset();
 }
 
 NvshmemWindow::NvshmemWindow(Bootstrap& bootstrap, const NvshmemSettings& settings) {
@@ -273,6 +321,10 @@ void* NvshmemWindow::peer_ptr(const void* addr, int pe) const {
 
 void NvshmemWindow::barrier(cudaStream_t stream) {
   nvshmem_check(session_->api(), session_->api().barrier_all_on_stream(stream), "barrier_all_on_stream");
+}
+
+void NvshmemWindow::abandon() noexcept {
+  if (session_) detail::NvshmemSession::keep_forever(std::move(session_));
 }
 
 }  // namespace turnout

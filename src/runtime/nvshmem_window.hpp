@@ -7,7 +7,8 @@
 // NVSHMEM is initialized at most once at a time per process: while a window
 // or any of its allocations lives, a second window is refused (NotSupported)
 // rather than shared, because its ranks would have to be the same group. A
-// new window may be opened after the last one is gone.
+// new window may be opened after the last one is gone, unless one was
+// abandoned (a peer died: NVSHMEM cannot be finalized without it).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,6 +41,9 @@ class NvshmemAllocation {
   // Collective (nvshmem_free): every rank frees its allocations in the same
   // order, with no kernel still using them.
   void reset() noexcept;
+  // Forgets the memory without freeing it (not collective): it stays in the
+  // symmetric heap until the process exits. For when a peer is gone.
+  void abandon() noexcept;
 
  private:
   friend class NvshmemWindow;
@@ -81,6 +85,12 @@ class NvshmemWindow {
   void* peer_ptr(const void* addr, int pe) const;
   // Enqueues a barrier of every rank on `stream`.
   void barrier(cudaStream_t stream);
+  // Not collective: NVSHMEM stays initialized, never finalized, until the
+  // process exits, and no other window can open in this process. For when a
+  // peer is gone (shrink mode), whom NVSHMEM's collective free and finalize
+  // would wait for forever. The window and its allocations may then go
+  // (abandon those first) without calling NVSHMEM.
+  void abandon() noexcept;
 
  private:
   std::shared_ptr<detail::NvshmemSession> session_;

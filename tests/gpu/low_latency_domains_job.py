@@ -90,19 +90,74 @@ def wrong_domain_size(ctx) -> None:
                   "nvl_domain_size", str(bad))
 
 
-def shrink_refused(ctx) -> None:
-    """Shrink mode is not available across domains yet: refused by name on every rank, before NVSHMEM starts."""
-    import turnout
-    from harness import assert_raises
+def shrink_lost_rank(ctx) -> None:
+    """Shrink mode across domains: every rank makes checked round trips and a
+    clean together, then the last rank (in the last domain) stops calling.
+    The survivors' next dispatch gives up on it after the shrink timeout and
+    masks it; that call and the ones after it match the host reference
+    without its tokens and experts; a clean and a destroy return within
+    bounded time, without NVSHMEM's collectives (which would wait for it
+    forever). NVSHMEM then stays initialized in every process, so this test
+    comes last in its job. The stopped rank destroys its buffer after the
+    survivors: it gives up on them in turn."""
+    import torch
 
-    n = ctx.world_size
-    assert_raises(NotImplementedError, lambda: turnout.Buffer(ctx.groups[n], num_rdma_bytes=1 << 20,
-                                                              low_latency_mode=True, enable_shrink=True,
-                                                              explicitly_destroy=True),
-                  "enable_shrink", "NVL domains")
+    from low_latency_cases import size_hint
+    from shrink_cases import CASES, SHRINK_S, References, Step, assert_mask
+
+    n, dev, me = ctx.world_size, ctx.device, ctx.rank
+    lost = n - 1
+    refs = References(n)
+    with ctx.buffer(ctx.groups[n], num_rdma_bytes=size_hint(CASES, n), low_latency_mode=True, enable_shrink=True,
+                    shrink_timeout_s=SHRINK_S) as buf:
+        for case in CASES:
+            step = Step(ctx, buf, refs, case)
+            step.dispatch(set(), f"n={n} {case}: before the stop: dispatch")
+            step.combine(set(), set(), f"n={n} {case}: before the stop: combine")
+        # Every rank at the group barrier (clean's two): the counters start again, the next call is right.
+        buf.clean_low_latency_buffer(CASES[0].max_tokens, CASES[0].hidden, CASES[0].experts)
+        step = Step(ctx, buf, refs, CASES[0])
+        step.dispatch(set(), f"n={n}: after a clean of every rank: dispatch")
+        step.combine(set(), set(), f"n={n}: after a clean of every rank: combine")
+        assert_mask(buf, n, dev, set(), f"n={n}: before the stop")
+        ctx.all_gather(None)
+        if me != lost:
+            gone = {lost}
+            step = Step(ctx, buf, refs, CASES[0])
+            took = step.dispatch(gone, f"n={n}: the first call without rank {lost}: dispatch")
+            assert SHRINK_S * 0.9 <= took <= SHRINK_S + HOST_GRACE_S, \
+                f"n={n}: the dispatch gave up on rank {lost} after {took:.2f} s (shrink_timeout_s={SHRINK_S})"
+            step.combine(gone, gone, f"n={n}: the first call without rank {lost}: combine")
+            assert_mask(buf, n, dev, gone, f"n={n}: after the first call without rank {lost}")
+            for i in range(4):
+                step = Step(ctx, buf, refs, CASES[i % len(CASES)], weights_at_dispatch=(i % 2 == 1), hook=(i == 2))
+                took = step.dispatch(gone, f"n={n} call {i} without rank {lost}: dispatch")
+                took += step.combine(gone, gone, f"n={n} call {i} without rank {lost}: combine")
+                assert took < SHRINK_S, f"n={n} call {i}: the round trip took {took:.2f} s with rank {lost} masked"
+            start = time.monotonic()
+            buf.clean_low_latency_buffer(CASES[0].max_tokens, CASES[0].hidden, CASES[0].experts)
+            torch.cuda.synchronize()
+            took = time.monotonic() - start
+            assert took < SHRINK_S, f"n={n}: clean_low_latency_buffer took {took:.2f} s with rank {lost} masked"
+            step = Step(ctx, buf, refs, CASES[1])
+            step.dispatch(gone, f"n={n}: after the clean: dispatch")
+            step.combine(gone, gone, f"n={n}: after the clean: combine")
+            assert_mask(buf, n, dev, gone, f"n={n}: after the clean")
+            start = time.monotonic()
+            buf.destroy()
+            took = time.monotonic() - start
+            assert took < SHRINK_S, f"n={n}: destroy took {took:.2f} s with rank {lost} masked"
+        ctx.all_gather(None)
+        if me == lost:
+            # Its peers are gone from the buffer: its destroy gives up on them (once, together).
+            start = time.monotonic()
+            buf.destroy()
+            took = time.monotonic() - start
+            assert took <= SHRINK_S + HOST_GRACE_S, f"n={n}: the stopped rank's destroy took {took:.2f} s"
+        ctx.all_gather(None)
 
 
-LOCAL_TESTS = {"absent_rank": absent_rank, "wrong_domain_size": wrong_domain_size, "shrink_refused": shrink_refused}
+LOCAL_TESTS = {"absent_rank": absent_rank, "wrong_domain_size": wrong_domain_size, "shrink_lost_rank": shrink_lost_rank}
 
 
 def job(rank: int, world_size: int, allow_nvlink: bool, tests):

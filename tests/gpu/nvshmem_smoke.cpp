@@ -3,8 +3,11 @@
 // NvshmemWindow (twice in a row: NVSHMEM is finalized and initialized again),
 // sees a second window refused while one is open, allocates symmetric memory
 // and runs the ring kernel of libturnout_nvshmem.so: PE p puts p + 1000 into
-// PE (p + 1) % n and signals it; each checks what its predecessor put. Exit
-// status 0 when every rank passed.
+// PE (p + 1) % n and signals it; each checks what its predecessor put. Last,
+// every rank abandons a window and its allocation (what shrink mode does
+// when a peer is lost), sees the next window refused for the rest of the
+// process, and exits with NVSHMEM never finalized. Exit status 0 when every
+// rank passed.
 //
 //   turnout_nvshmem_smoke [num_ranks] [port] [timeout_s]
 //
@@ -99,6 +102,27 @@ int check_window(turnout::Bootstrap& bootstrap, int rank, int num_ranks, int rou
   return 0;
 }
 
+// No NVSHMEM call: abandoning is not collective. The refusal after it is
+// all-gathered, so every rank refuses alike.
+int check_abandon(turnout::Bootstrap& bootstrap, int rank) {
+  {
+    turnout::NvshmemWindow window(bootstrap);
+    turnout::NvshmemAllocation memory = window.alloc(4096);
+    memory.abandon();
+    EXPECT(memory.get() == nullptr, "an abandoned allocation still holds its pointer");
+    window.abandon();
+  }
+  bool refused = false;
+  try {
+    turnout::NvshmemWindow again(bootstrap);
+  } catch (const turnout::NotSupported& e) {
+    refused = std::strstr(e.what(), "new process") != nullptr;
+    if (!refused) std::fprintf(stderr, "rank %d: the window after abandon: %s\n", rank, e.what());
+  }
+  EXPECT(refused, "a window after an abandoned one was not refused for the rest of the process");
+  return 0;
+}
+
 int run_rank(int rank, int num_ranks, uint16_t port) {
   try {
     int devices = 0;
@@ -107,6 +131,7 @@ int run_rank(int rank, int num_ranks, uint16_t port) {
     turnout::TcpBootstrap bootstrap(rank, num_ranks, "127.0.0.1", port, std::chrono::seconds(60));
     for (int round = 0; round < 2; ++round)
       if (check_window(bootstrap, rank, num_ranks, round)) return 1;
+    if (check_abandon(bootstrap, rank)) return 1;
     std::printf("rank %d: ok\n", rank);
     return 0;
   } catch (const std::exception& e) {
