@@ -527,6 +527,8 @@ DISPATCH_ERRORS = [
     (dict(x=torch.empty(T, H, dtype=torch.bfloat16, device="meta")), ValueError, "x must be on cpu"),
     (dict(x=misaligned(T, H)), ValueError, "x must be starting at a 16-byte aligned address"),
     (dict(max_tokens=T - 1), ValueError, "x must be of at most num_max_dispatch_tokens_per_rank=4 rows"),
+    (dict(x=torch.randn(M + 1, H).bfloat16(), topk_idx=torch.zeros(M + 1, K, dtype=torch.int64)), ValueError,
+     "x must be of at most num_max_dispatch_tokens_per_rank=8 rows"),
     (dict(max_tokens=0), ValueError, "num_max_dispatch_tokens_per_rank must be >= 1"),
     (dict(max_tokens=1025), ValueError, "num_max_dispatch_tokens_per_rank must be <= 1024"),
     (dict(max_tokens=8.0), TypeError, "num_max_dispatch_tokens_per_rank must be an int"),
@@ -555,13 +557,31 @@ DISPATCH_ERRORS = [
 ]
 
 
+# The stand-in's CPU tensors are on the context's "GPU" when its device index
+# is -1 (their get_device()): the ops then take their fast paths, which must
+# refuse what the full checks refuse, with the same message. Index 0 sends
+# every call to the full checks.
+FAST, FULL = -1, 0
+PATHS = pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
+
+
+def skip_meta_on_fast_path(changes, device_index):
+    # A meta tensor's get_device() is -1 too: on a GPU no index matches it.
+    if device_index == FAST and any(getattr(v, "is_meta", False) for v in changes.values()):
+        pytest.skip("a meta tensor reads as on device -1")
+
+
+@PATHS
 @pytest.mark.parametrize("changes, kind, message", DISPATCH_ERRORS)
-def test_bad_dispatch_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
-    context = make_context()
+def test_bad_dispatch_arguments_raise_naming_them_and_launch_nothing(changes, kind, message, device_index):
+    skip_meta_on_fast_path(changes, device_index)
+    context = make_context(device_index=device_index)
+    # Twice: the shape is known and its checks passed when the bad call comes.
+    dispatch(context, *inputs())
     good = dispatch(context, *inputs())[2]
     with pytest.raises(kind, match=f"^low_latency_dispatch: {message}"):
         dispatch(context, **dispatch_case(**changes))
-    assert len(context.native.calls) == 1
+    assert len(context.native.calls) == 2
     assert good.generation == good._info[0].generation, "a refused call must not take an output set"
 
 
@@ -588,15 +608,48 @@ COMBINE_ERRORS = [
 ]
 
 
+@PATHS
 @pytest.mark.parametrize("changes, kind, message", COMBINE_ERRORS)
-def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
-    context = make_context()
+def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kind, message, device_index):
+    context = make_context(device_index=device_index)
     x, topk_idx = inputs()
     handle = dispatch(context, x, topk_idx)[2]
+    combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle)
     args = {"x": expert_rows(context), "topk_idx": topk_idx, "topk_weights": torch.rand(T, K), **changes}
     with pytest.raises(kind, match=f"^low_latency_combine: {message}"):
         combine(context, args.pop("x"), args.pop("topk_idx"), args.pop("topk_weights"), handle, **args)
-    assert len(context.native.calls) == 1
+    assert len(context.native.calls) == 2
+
+
+def test_known_shapes_and_plain_tensors_skip_the_full_checks(monkeypatch):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    weights, stats = torch.rand(T, K), torch.zeros(E // R, dtype=torch.int32)
+    handle = dispatch(context, x, topk_idx, topk_weights=weights, cumulative=stats)[2]
+
+    def full_check(*args, **kwargs):
+        raise AssertionError("the full check ran")
+
+    for name in ("check_tensor", "check_int", "_check_dispatch_shape", "_check_combine_tensors", "_check_handle"):
+        monkeypatch.setattr(ll, name, full_check)
+    handle = dispatch(context, x, topk_idx, topk_weights=weights, cumulative=stats)[2]
+    combine(context, expert_rows(context), topk_idx, weights, handle)
+    assert [method for method, _ in context.native.calls] == ["low_latency_dispatch"] * 2 + ["low_latency_combine"]
+
+
+class SubclassTensor(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("wrap", [lambda t: torch.nn.Parameter(t, requires_grad=False),
+                                  lambda t: t.as_subclass(SubclassTensor)], ids=["Parameter", "subclass"])
+def test_tensor_subclasses_pass_the_full_checks(wrap):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    dispatch(context, x, topk_idx)
+    handle = dispatch(context, wrap(x), wrap(topk_idx))[2]
+    combine(context, wrap(expert_rows(context)), wrap(topk_idx), wrap(torch.rand(T, K)), handle)
+    assert [method for method, _ in context.native.calls] == ["low_latency_dispatch"] * 2 + ["low_latency_combine"]
 
 
 def test_logfmt_needs_hidden_in_groups_of_128():
