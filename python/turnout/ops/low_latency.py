@@ -353,25 +353,35 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     args = (outputs.args, x_ptr, num_tokens, topk_idx.data_ptr(), num_topk, weights_ptr,
             bool(round_scale) and fmt != _BF16, stats_ptr, wait_ptr)
     launch = context.native.low_latency_dispatch
-    tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
-    event, hook = _launch(context, state, op, launch, args, tensors, async_finish, return_recv_hook)
+    if async_finish or return_recv_hook:
+        tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+        event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
+    else:
+        event, hook = _launch_plain(context, state, launch, args), None
     handle = LowLatencyHandle(outputs.handle_entries)
     handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None, (num_tokens, num_topk))
     return outputs.result, outputs.recv_count, handle, event, hook
 
 
 def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple,
-            async_finish: bool, return_recv_hook: bool):
-    """Runs an op (both phases, or the send with a hook for the receive);
-    returns ``(event, hook)``."""
+            async_finish: bool):
+    """Runs an async_finish op, or the send of a return_recv_hook op with a
+    hook for the receive; returns ``(event, hook)``."""
     stream = current_raw_stream(context.device_index)
     if async_finish:
         return _launch_async(context, state, launch, args, tensors, stream), None
-    if return_recv_hook:
-        launch(*args, _SEND, stream, _join_comm(state), None)
-        return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
-    launch(*args, _SEND_AND_RECEIVE, stream, _join_comm(state), None)
-    return EventOverlap(), None
+    launch(*args, _SEND, stream, _join_comm(state), None)
+    return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
+
+
+def _launch_plain(context: OpContext, state: LowLatencyState, launch, args: tuple) -> EventOverlap:
+    """The common case, neither async_finish nor a hook: both phases on the
+    caller's stream. The ops call it directly (fewer Python calls)."""
+    wait_for = None
+    if state.comm_ahead:
+        state.comm_ahead, wait_for = False, state.comm_raw
+    launch(*args, _SEND_AND_RECEIVE, current_raw_stream(context.device_index), wait_for, None)
+    return EventOverlap()
 
 
 def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple,
@@ -474,9 +484,11 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
         context, op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64, context.num_ranks)
     args = (x_ptr, num_tokens, num_topk, hidden, max_tokens, num_experts, topk_idx.data_ptr(), topk_weights.data_ptr(),
             outputs.plan_ptr, bool(use_logfmt), out_ptr, wait_ptr)
+    launch = context.native.low_latency_combine
+    if not (async_finish or return_recv_hook):
+        return combined_x, _launch_plain(context, state, launch, args), None
     tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
-    event, hook = _launch(context, state, op, context.native.low_latency_combine, args, tensors, async_finish,
-                          return_recv_hook)
+    event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
     return combined_x, event, hook
 
 
