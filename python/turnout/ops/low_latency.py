@@ -15,7 +15,8 @@ stream first waits for that stream, so low-latency calls never overlap each
 other (their device counters step once per call). Such an op's event is one
 of the buffer's ring of native events (turnout._C.CommEvent), recorded by
 the launch itself, and its tensors wait in the buffer's queue of pending calls
-until that event has completed (no record_stream, no new event per call).
+until that event has completed (no record_stream, no new event per call);
+every RELEASE_EVERY-th async call lets go of those that have.
 """
 from collections import deque
 from typing import Optional
@@ -49,6 +50,11 @@ _BF16, _FP8, _UE8M0 = 0, 1, 2
 # Events of a buffer's ring: an event comes round again after this many
 # async_finish calls; a wait on it made later waits for the later call too.
 EVENT_RING_SIZE = 16
+
+# An async call asks whether the oldest pending calls completed only when the
+# queue holds a multiple of this many: each query is a CUDA call, and a
+# completed call's tensors wait at most this many async calls longer.
+RELEASE_EVERY = 4
 
 # Whether the current stream is capturing a CUDA graph: querying an event then
 # is not allowed (it would end the capture).
@@ -388,8 +394,9 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
                   caller: int) -> EventOverlap:
     """An async_finish op: on the communication stream, after the caller's
     stream; the launch records the ring's next event after it."""
+    pending = state.pending
     capturing = stream_capturing()
-    if not capturing:
+    if not capturing and not len(pending) % RELEASE_EVERY:
         state.release_finished()
     comm = context.comm_raw
     try:
@@ -403,7 +410,7 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
     # Inside a capture the graph's replays, not this queue, decide how long
     # the tensors are needed, and its events cannot be queried.
     if not capturing:
-        state.pending.append((event, tensors))
+        pending.append((event, tensors))
     return EventOverlap(event, tensors)
 
 
