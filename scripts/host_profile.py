@@ -1,10 +1,12 @@
-"""Host time of the low-latency ops' Python layer, without a GPU.
+"""Host time of the ops' Python layer, without a GPU.
 
-Drives ``Buffer.low_latency_dispatch`` / ``low_latency_combine`` (every mode
-the bench times for host time: FP8, BF16, with stats, ``async_finish``, the
-send of ``return_recv_hook`` and its ``hook()``) over CPU tensors and a
-stand-in native buffer whose launches do nothing, so what it times is the
-Python layer alone: checks, output sets, handles, events, the pending queue.
+Drives ``Buffer.get_dispatch_layout``, ``dispatch`` and ``combine`` (normal
+mode, without async_finish: its torch.cuda.Event needs a GPU) and
+``low_latency_dispatch`` / ``low_latency_combine`` (every mode the bench
+times for host time: FP8, BF16, with stats, ``async_finish``, the send of
+``return_recv_hook`` and its ``hook()``) over CPU tensors and a stand-in
+native buffer whose calls do nothing, so what it times is the Python layer
+alone: checks, allocations, output sets, handles, events, the pending queue.
 On a GPU host the native call (the kernel launch), the caching allocator and
 the CUDA stream and event calls come on top.
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pytho
 import low_latency_standin as standin  # noqa: E402
 from turnout import Buffer  # noqa: E402
 from turnout.ops import low_latency as ll  # noqa: E402
+from turnout.ops import streams  # noqa: E402
 
 # The bench's shape at EP2: 128 tokens, hidden 7168, top-8 of 288 experts.
 RANKS, TOKENS, HIDDEN, EXPERTS, TOPK = 2, 128, 7168, 288, 8
@@ -54,6 +57,19 @@ class IdleNative:
     def join(self, waiter, waited):
         pass
 
+    def get_dispatch_layout(self, **kwargs):
+        pass
+
+    def dispatch_counts(self, **kwargs):
+        # A dispatch without num_worst_tokens receives what this rank sends.
+        return kwargs["num_tokens"], [0] * kwargs["num_experts"]
+
+    def dispatch(self, **kwargs):
+        pass
+
+    def combine(self, **kwargs):
+        pass
+
 
 def make_buffer() -> Buffer:
     """A Buffer over the stand-in context; CPU tensors count as on its GPU."""
@@ -63,6 +79,7 @@ def make_buffer() -> Buffer:
     ll.stream_capturing = lambda: False
     buffer = Buffer.__new__(Buffer)
     buffer._context, buffer._native, buffer.group_size = context, context.native, RANKS
+    streams.current_raw_stream = ll.current_raw_stream
     return buffer
 
 
@@ -124,17 +141,38 @@ def modes(buffer: Buffer):
     def combine_sends(n):
         return loop(combine_send([dispatch()[2]]))(n)
 
+    # Normal mode: a layout, then dispatches from it and combines of their rows.
+    num_tokens_per_rank, _, num_tokens_per_expert, is_token_in_rank, _ = \
+        buffer.get_dispatch_layout(topk_idx, EXPERTS)
+
+    def normal_dispatch(**kwargs):
+        return buffer.dispatch(x, None, num_tokens_per_rank, None, is_token_in_rank, num_tokens_per_expert, topk_idx,
+                               weights, **kwargs)
+
+    def normal_combine(n):
+        recv_x, _, recv_weights, _, handle, _ = normal_dispatch()
+        return loop(lambda: buffer.combine(recv_x, handle, recv_weights))(n)
+
+    def cached_dispatch(n):
+        handle = normal_dispatch()[4]
+        return loop(lambda: buffer.dispatch(x, handle))(n)
+
     return [
-        ("dispatch FP8", loop(dispatch)),
-        ("dispatch FP8, cumulative stats", loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))),
-        ("dispatch BF16", loop(lambda: dispatch(use_fp8=False))),
-        ("dispatch FP8, async_finish", async_loop(lambda: dispatch(async_finish=True)[3])),
-        ("dispatch FP8, hook send", loop(lambda: dispatch(return_recv_hook=True))),
-        ("dispatch FP8, hook()", hooks(lambda: dispatch(return_recv_hook=True)[4])),
-        ("combine BF16", combine_loop()),
-        ("combine BF16, async_finish", async_combine),
-        ("combine BF16, hook send", combine_sends),
-        ("combine BF16, hook()", combine_hooks),
+        ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
+        ("dispatch BF16, num_worst_tokens", loop(lambda: normal_dispatch(num_worst_tokens=TOKENS * RANKS))),
+        ("dispatch BF16, counts from the host", loop(normal_dispatch)),
+        ("dispatch BF16, cached", cached_dispatch),
+        ("combine BF16, with weights", normal_combine),
+        ("low_latency_dispatch FP8", loop(dispatch)),
+        ("low_latency_dispatch FP8, cumulative stats", loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))),
+        ("low_latency_dispatch BF16", loop(lambda: dispatch(use_fp8=False))),
+        ("low_latency_dispatch FP8, async_finish", async_loop(lambda: dispatch(async_finish=True)[3])),
+        ("low_latency_dispatch FP8, hook send", loop(lambda: dispatch(return_recv_hook=True))),
+        ("low_latency_dispatch FP8, hook()", hooks(lambda: dispatch(return_recv_hook=True)[4])),
+        ("low_latency_combine BF16", combine_loop()),
+        ("low_latency_combine BF16, async_finish", async_combine),
+        ("low_latency_combine BF16, hook send", combine_sends),
+        ("low_latency_combine BF16, hook()", combine_hooks),
     ]
 
 

