@@ -20,6 +20,10 @@ from .ops.context import OpContext, require_alive
 # methods' signatures as written.
 _torch_function_off = torch._C.DisableTorchFunction
 
+# The default configs the ops use, by (maker, group size, Buffer.num_sms): a
+# Config is read-only, and making one is a native call per op otherwise.
+_default_configs = {}
+
 
 class Buffer:
     """The communication buffer of one rank of an expert-parallel group.
@@ -206,7 +210,13 @@ class Buffer:
                                               allocate_on_comm_stream)
 
     def _config(self, op: str, config, default) -> "_C.Config":
-        return default(self.group_size) if config is None else check_config(op, config)
+        if config is not None:
+            return check_config(op, config)
+        key = (default, self.group_size, Buffer.num_sms)
+        made = _default_configs.get(key)
+        if made is None:
+            made = _default_configs[key] = default(self.group_size)
+        return made
 
     # The ops take their arguments positionally (a keyword call costs about
     # 0.1 us more), each passed as the variable of the parameter's name.

@@ -56,6 +56,13 @@ def is_plain(t, dtype: torch.dtype, shape: tuple, device_index: int) -> bool:
             and t.is_contiguous())
 
 
+def is_plain_nd(t, dtype: torch.dtype, ndim: int, device_index: int) -> bool:
+    """is_plain for a tensor whose sizes the caller checks itself: a
+    contiguous ``ndim``-D torch.Tensor of this dtype on GPU ``device_index``."""
+    return (type(t) is torch.Tensor and t.dtype == dtype and t.dim() == ndim and t.get_device() == device_index
+            and t.is_contiguous())
+
+
 def check_aligned(op: str, arg: str, t: torch.Tensor) -> None:
     """Rows move as 16-byte words: a view that starts mid-word cannot."""
     if t.numel() and t.data_ptr() % 16:

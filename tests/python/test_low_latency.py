@@ -364,29 +364,38 @@ def async_call_holding(context, tokens):
 
 def test_pending_calls_are_released_oldest_first_once_their_event_completed():
     context = make_context()
-    state, events = context.low_latency, context.low_latency.ring.events
-    xs = [async_call_holding(context, t) for t in (1, 2, 3)]
+    context.low_latency.ring = FakeRing(size=16)
+    state, events, every = context.low_latency, context.low_latency.ring.events, ll.RELEASE_EVERY
+    xs = []
+
+    def calls(n):
+        xs.extend(async_call_holding(context, 1 + len(xs) % M) for _ in range(n))
+
+    calls(every)
     assert all(x() is not None for x in xs), "the pending calls keep their inputs"
-    assert [e.queries for e in events[:3]] == [2, 0, 0], "each async call asks the oldest pending event"
+    assert all(e.queries == 0 for e in events), "no query before the queue holds RELEASE_EVERY calls"
     events[1].done = True  # completed, but behind an older call that has not
-    xs.append(async_call_holding(context, 4))
-    assert [e for e, _ in state.pending] == events[:4]
-    assert [e.queries for e in events[:3]] == [3, 0, 0], "oldest first, stopping at the first not done"
-    assert all(x() is not None for x in xs)
+    calls(1)
+    assert [e.queries for e in events[:3]] == [1, 0, 0], "the oldest pending call is asked, and only it"
+    assert [e for e, _ in state.pending] == events[:every + 1] and all(x() is not None for x in xs)
     events[0].done = True
-    xs.append(async_call_holding(context, 5))
-    assert [e for e, _ in state.pending] == [events[2], events[3], events[4]]
-    assert (xs[0](), xs[1]()) == (None, None), "the two completed calls are released"
+    calls(every - 1)
+    assert events[0].queries == 1 and xs[0]() is not None, "asked again only at the next multiple"
+    calls(1)
+    assert [e for e, _ in state.pending] == events[2:2 * every + 1]
+    assert (xs[0](), xs[1]()) == (None, None), "the two completed calls are released, oldest first"
     assert all(x() is not None for x in xs[2:])
-    for e in events[2:5]:
+    calls(-len(state.pending) % every)
+    for e in events:
         e.done = True
-    xs.append(async_call_holding(context, 6))
-    assert [e for e, _ in state.pending] == [events[5]] and all(x() is None for x in xs[:5])
+    calls(1)
+    newest = events[len(xs) - 1]
+    assert [e for e, _ in state.pending] == [newest] and all(x() is None for x in xs[:-1])
     # Calls on the caller's stream do not query: the pending call stays until the next async one.
-    events[5].done = True
-    queries = events[5].queries
+    newest.done = True
+    queries = newest.queries
     dispatch(context, *inputs())
-    assert events[5].queries == queries and len(state.pending) == 1
+    assert newest.queries == queries and len(state.pending) == 1
 
 
 def test_a_wrapped_ring_event_holds_both_calls_until_the_later_one_completed():
@@ -396,8 +405,9 @@ def test_a_wrapped_ring_event_holds_both_calls_until_the_later_one_completed():
     xs = [async_call_holding(context, t) for t in (1, 2, 3)]  # the third re-records the first's event
     assert [e for e, _ in state.pending] == [ring.events[0], ring.events[1], ring.events[0]]
     ring.events[1].done = True
-    xs.append(async_call_holding(context, 4))  # records events[1] again: pending again
-    assert len(state.pending) == 4 and all(x() is not None for x in xs)
+    xs += [async_call_holding(context, t) for t in range(4, ll.RELEASE_EVERY + 2)]  # events[1] recorded again
+    assert ring.events[0].queries == 1, "the oldest pending event was asked"
+    assert len(state.pending) == ll.RELEASE_EVERY + 1 and all(x() is not None for x in xs)
 
 
 def test_destroy_releases_the_pending_calls_after_the_native_buffer():
@@ -418,11 +428,14 @@ def test_a_collected_state_waits_for_its_newest_pending_call_first():
     what its pending calls hold."""
     context = make_context()
     events = context.low_latency.ring.events
-    xs = [async_call_holding(context, t) for t in (1, 2, 3)]
+    every = ll.RELEASE_EVERY
+    xs = [async_call_holding(context, t) for t in range(1, every + 1)]
     events[0].done = True
-    async_call_holding(context, 4)  # releases the first call
+    async_call_holding(context, every + 1)  # releases the first call
+    assert len(context.low_latency.pending) == every
     context.low_latency = None
-    assert [e.synchronized for e in events[:4]] == [0, 0, 0, 1], "only the newest pending event is waited for"
+    assert [e.synchronized for e in events[:every + 1]] == [0] * every + [1], \
+        "only the newest pending event is waited for"
     assert all(x() is None for x in xs)
     # After destroy (release) nothing is pending: collecting the state waits for nothing.
     destroyed = make_context()
@@ -445,13 +458,14 @@ def test_an_async_launch_that_raises_joins_the_callers_stream_back():
 
 def test_an_async_call_inside_a_graph_capture_neither_queries_nor_queues(monkeypatch):
     context = make_context()
-    state, events = context.low_latency, context.low_latency.ring.events
-    async_call_holding(context, 1)
+    state, events, every = context.low_latency, context.low_latency.ring.events, ll.RELEASE_EVERY
+    for t in range(1, every + 1):
+        async_call_holding(context, t)  # the next call would ask the oldest
     monkeypatch.setattr(ll, "stream_capturing", lambda: True)
-    x, topk_idx = inputs(tokens=2)
+    x, topk_idx = inputs(tokens=every + 1)
     event = dispatch(context, x, topk_idx, async_finish=True)[3]
-    assert event.event is events[1] and event.extra_tensors[0] is x, "the EventOverlap keeps the tensors"
-    assert events[0].queries == 0 and [e for e, _ in state.pending] == [events[0]]
+    assert event.event is events[every] and event.extra_tensors[0] is x, "the EventOverlap keeps the tensors"
+    assert events[0].queries == 0 and [e for e, _ in state.pending] == events[:every]
 
 
 def test_previous_event_may_be_a_low_latency_event():
@@ -527,6 +541,8 @@ DISPATCH_ERRORS = [
     (dict(x=torch.empty(T, H, dtype=torch.bfloat16, device="meta")), ValueError, "x must be on cpu"),
     (dict(x=misaligned(T, H)), ValueError, "x must be starting at a 16-byte aligned address"),
     (dict(max_tokens=T - 1), ValueError, "x must be of at most num_max_dispatch_tokens_per_rank=4 rows"),
+    (dict(x=torch.randn(M + 1, H).bfloat16(), topk_idx=torch.zeros(M + 1, K, dtype=torch.int64)), ValueError,
+     "x must be of at most num_max_dispatch_tokens_per_rank=8 rows"),
     (dict(max_tokens=0), ValueError, "num_max_dispatch_tokens_per_rank must be >= 1"),
     (dict(max_tokens=1025), ValueError, "num_max_dispatch_tokens_per_rank must be <= 1024"),
     (dict(max_tokens=8.0), TypeError, "num_max_dispatch_tokens_per_rank must be an int"),
@@ -555,13 +571,31 @@ DISPATCH_ERRORS = [
 ]
 
 
+# The stand-in's CPU tensors are on the context's "GPU" when its device index
+# is -1 (their get_device()): the ops then take their fast paths, which must
+# refuse what the full checks refuse, with the same message. Index 0 sends
+# every call to the full checks.
+FAST, FULL = -1, 0
+PATHS = pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
+
+
+def skip_meta_on_fast_path(changes, device_index):
+    # A meta tensor's get_device() is -1 too: on a GPU no index matches it.
+    if device_index == FAST and any(getattr(v, "is_meta", False) for v in changes.values()):
+        pytest.skip("a meta tensor reads as on device -1")
+
+
+@PATHS
 @pytest.mark.parametrize("changes, kind, message", DISPATCH_ERRORS)
-def test_bad_dispatch_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
-    context = make_context()
+def test_bad_dispatch_arguments_raise_naming_them_and_launch_nothing(changes, kind, message, device_index):
+    skip_meta_on_fast_path(changes, device_index)
+    context = make_context(device_index=device_index)
+    # Twice: the shape is known and its checks passed when the bad call comes.
+    dispatch(context, *inputs())
     good = dispatch(context, *inputs())[2]
     with pytest.raises(kind, match=f"^low_latency_dispatch: {message}"):
         dispatch(context, **dispatch_case(**changes))
-    assert len(context.native.calls) == 1
+    assert len(context.native.calls) == 2
     assert good.generation == good._info[0].generation, "a refused call must not take an output set"
 
 
@@ -588,15 +622,48 @@ COMBINE_ERRORS = [
 ]
 
 
+@PATHS
 @pytest.mark.parametrize("changes, kind, message", COMBINE_ERRORS)
-def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kind, message):
-    context = make_context()
+def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kind, message, device_index):
+    context = make_context(device_index=device_index)
     x, topk_idx = inputs()
     handle = dispatch(context, x, topk_idx)[2]
+    combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle)
     args = {"x": expert_rows(context), "topk_idx": topk_idx, "topk_weights": torch.rand(T, K), **changes}
     with pytest.raises(kind, match=f"^low_latency_combine: {message}"):
         combine(context, args.pop("x"), args.pop("topk_idx"), args.pop("topk_weights"), handle, **args)
-    assert len(context.native.calls) == 1
+    assert len(context.native.calls) == 2
+
+
+def test_known_shapes_and_plain_tensors_skip_the_full_checks(monkeypatch):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    weights, stats = torch.rand(T, K), torch.zeros(E // R, dtype=torch.int32)
+    handle = dispatch(context, x, topk_idx, topk_weights=weights, cumulative=stats)[2]
+
+    def full_check(*args, **kwargs):
+        raise AssertionError("the full check ran")
+
+    for name in ("check_tensor", "check_int", "_check_dispatch_shape", "_check_combine_tensors", "_check_handle"):
+        monkeypatch.setattr(ll, name, full_check)
+    handle = dispatch(context, x, topk_idx, topk_weights=weights, cumulative=stats)[2]
+    combine(context, expert_rows(context), topk_idx, weights, handle)
+    assert [method for method, _ in context.native.calls] == ["low_latency_dispatch"] * 2 + ["low_latency_combine"]
+
+
+class SubclassTensor(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("wrap", [lambda t: torch.nn.Parameter(t, requires_grad=False),
+                                  lambda t: t.as_subclass(SubclassTensor)], ids=["Parameter", "subclass"])
+def test_tensor_subclasses_pass_the_full_checks(wrap):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    dispatch(context, x, topk_idx)
+    handle = dispatch(context, wrap(x), wrap(topk_idx))[2]
+    combine(context, wrap(expert_rows(context)), wrap(topk_idx), wrap(torch.rand(T, K)), handle)
+    assert [method for method, _ in context.native.calls] == ["low_latency_dispatch"] * 2 + ["low_latency_combine"]
 
 
 def test_logfmt_needs_hidden_in_groups_of_128():

@@ -5,7 +5,7 @@ import torch
 
 import turnout
 from turnout import Buffer, Config, EventOverlap, topk_idx_t
-from turnout.checks import check_int, check_tensor, is_plain
+from turnout.checks import check_int, check_tensor, is_plain, is_plain_nd
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -204,3 +204,15 @@ def test_is_plain_holds_exactly_where_check_tensor_passes():
     assert not is_plain(t.t(), torch.float32, (4, 3), -1), "a transposed view is not contiguous"
     assert not is_plain(torch.nn.Parameter(t), torch.float32, (3, 4), -1), "a subclass goes to the full check"
     assert not is_plain([[0.0] * 4] * 3, torch.float32, (3, 4), -1)
+
+
+def test_is_plain_nd_holds_exactly_where_check_tensor_passes_with_ndim():
+    t = torch.zeros(3, 4, dtype=torch.float32)
+    assert is_plain_nd(t, torch.float32, 2, -1)
+    check_tensor("op", "t", t, dtype=torch.float32, ndim=2, device=torch.device("cpu"))
+    assert not is_plain_nd(t, torch.bfloat16, 2, -1)
+    assert not is_plain_nd(t, torch.float32, 1, -1)
+    assert not is_plain_nd(t, torch.float32, 2, 0), "a CPU tensor is not on GPU 0"
+    assert not is_plain_nd(t.t(), torch.float32, 2, -1), "a transposed view is not contiguous"
+    assert not is_plain_nd(torch.nn.Parameter(t), torch.float32, 2, -1), "a subclass goes to the full check"
+    assert not is_plain_nd(None, torch.float32, 2, -1)

@@ -259,11 +259,12 @@ def factory_calls(path: Path):
 def test_every_allocation_of_the_ops_names_its_device_and_dtype():
     """With torch-function dispatch off inside the ops the default device no
     longer applies, and the default dtype never should: each factory call
-    says both."""
+    says both. (The ops' new_empty calls take both from an input they have
+    checked; test_normal_ops_make_no_torch_function_call sees their dtypes.)"""
     package = Path(turnout.__file__).parent
     files = [package / "buffer.py", *sorted((package / "ops").glob("*.py"))]
     calls = [(f.name, line, name, keywords) for f in files for line, name, keywords in factory_calls(f)]
-    assert len(calls) >= 15, f"the walk found only {len(calls)} factory calls: {calls}"
+    assert len(calls) >= 10, f"the walk found only {len(calls)} factory calls: {calls}"
     missing = [(f, line, name, sorted({"device", "dtype"} - kw)) for f, line, name, kw in calls
                if not {"device", "dtype"} <= kw]
     assert missing == [], f"factory calls without an explicit device or dtype: {missing}"

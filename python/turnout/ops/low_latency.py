@@ -15,7 +15,8 @@ stream first waits for that stream, so low-latency calls never overlap each
 other (their device counters step once per call). Such an op's event is one
 of the buffer's ring of native events (turnout._C.CommEvent), recorded by
 the launch itself, and its tensors wait in the buffer's queue of pending calls
-until that event has completed (no record_stream, no new event per call).
+until that event has completed (no record_stream, no new event per call);
+every RELEASE_EVERY-th async call lets go of those that have.
 """
 from collections import deque
 from typing import Optional
@@ -38,12 +39,22 @@ _SEND_AND_RECEIVE: int = _C.LOW_LATENCY_SEND_AND_RECEIVE
 _SEND: int = _C.LOW_LATENCY_SEND
 _RECEIVE: int = _C.LOW_LATENCY_RECEIVE
 
+# Read once: module attribute lookups on the hot path cost.
+_Tensor = torch.Tensor
+_BF16_DTYPE = torch.bfloat16
+_F32_DTYPE = torch.float32
+
 # Formats of dispatch's recv_x: bf16, e4m3 with float scales, e4m3 with packed UE8M0 scales.
 _BF16, _FP8, _UE8M0 = 0, 1, 2
 
 # Events of a buffer's ring: an event comes round again after this many
 # async_finish calls; a wait on it made later waits for the later call too.
 EVENT_RING_SIZE = 16
+
+# An async call asks whether the oldest pending calls completed only when the
+# queue holds a multiple of this many: each query is a CUDA call, and a
+# completed call's tensors wait at most this many async calls longer.
+RELEASE_EVERY = 4
 
 # Whether the current stream is capturing a CUDA graph: querying an event then
 # is not allowed (it would end the capture).
@@ -56,7 +67,7 @@ class _OutputSet:
     generation (call number of its shape) whose results they hold."""
 
     __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "plan_ptr", "generation",
-                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape")
+                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape", "handle_entries")
 
     def __init__(self, owner: object, num_max_tokens: int, hidden: int, num_experts: int, fmt: int, num_ranks: int,
                  device: torch.device) -> None:
@@ -90,6 +101,8 @@ class _OutputSet:
         # What combine checks and passes on every call, made once.
         self.expert_rows_shape = (local, rows, hidden)
         self.plan_ptr = self.plan.data_ptr()
+        # DeepEP's five handle entries of every dispatch into this set.
+        self.handle_entries = (self.src_info, self.layout_range, num_max_tokens, hidden, num_experts)
 
 
 class _Shape:
@@ -251,12 +264,30 @@ def _aligned_ptr(op: str, arg: str, t: torch.Tensor) -> int:
     return address
 
 
-def _stats_ptr(op: str, arg: str, t: Optional[torch.Tensor], dtype: torch.dtype, length: int,
-               device: torch.device) -> int:
-    if t is None:
-        return 0
-    check_tensor(op, arg, t, dtype=dtype, shape=(length,), device=device)
+def _stats_ptr(context: OpContext, op: str, arg: str, t, dtype: torch.dtype, length: int) -> int:
+    if not is_plain(t, dtype, (length,), context.device_index):
+        check_tensor(op, arg, t, dtype=dtype, shape=(length,), device=context.device)
     return t.data_ptr()
+
+
+def _check_dispatch_shape(op: str, context: OpContext, x, topk_idx, max_tokens, num_experts: int,
+                          use_fp8: bool) -> None:
+    """Every check of dispatch's x, topk_idx, num_max_dispatch_tokens_per_rank
+    and num_experts, each naming what is wrong."""
+    device, num_ranks = context.device, context.num_ranks
+    check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=device)
+    num_tokens, hidden = x.shape
+    check_int(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, MAX_TOKENS)
+    if num_tokens > max_tokens:
+        fail(op, "x", f"of at most num_max_dispatch_tokens_per_rank={max_tokens} rows", f"shape {tuple(x.shape)}")
+    _check_hidden(op, hidden, x, use_fp8)
+    _aligned_ptr(op, "x", x)
+    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, ndim=2, device=device)
+    num_topk = topk_idx.shape[1]
+    if topk_idx.shape[0] != num_tokens or not 0 < num_topk <= MAX_TOPK:
+        fail(op, "topk_idx", f"of shape ({num_tokens}, k) with k in [1, {MAX_TOPK}] (x has {num_tokens} rows)",
+             f"shape {tuple(topk_idx.shape)}")
+    _check_experts(op, num_experts, num_ranks)
 
 
 def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
@@ -265,46 +296,57 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
              use_ue8m0: bool, async_finish: bool, return_recv_hook: bool, topk_weights: Optional[torch.Tensor]):
     """Buffer.low_latency_dispatch. Returns ``(recv_x, recv_count, handle, event, hook)``."""
     op = "low_latency_dispatch"
-    state = _state(context, op)
-    device, num_ranks = context.device, context.num_ranks
+    state = context.low_latency
+    if state is None or state.shapes is None:
+        _state(context, op)
+    index = context.device_index
     max_tokens = num_max_dispatch_tokens_per_rank
-    check_tensor(op, "x", x, dtype=torch.bfloat16, ndim=2, device=device)
-    num_tokens, hidden = x.shape
-    check_int(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, MAX_TOKENS)
-    if num_tokens > max_tokens:
-        fail(op, "x", f"of at most num_max_dispatch_tokens_per_rank={max_tokens} rows", f"shape {tuple(x.shape)}")
-    _check_hidden(op, hidden, x, use_fp8)
-    x_ptr = _aligned_ptr(op, "x", x)
-    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, ndim=2, device=device)
-    num_topk = topk_idx.shape[1]
-    if topk_idx.shape[0] != num_tokens or not 0 < num_topk <= MAX_TOPK:
-        fail(op, "topk_idx", f"of shape ({num_tokens}, k) with k in [1, {MAX_TOPK}] (x has {num_tokens} rows)",
-             f"shape {tuple(topk_idx.shape)}")
-    _check_experts(op, num_experts, num_ranks)
+    fmt = (_UE8M0 if use_ue8m0 else _FP8) if use_fp8 else _BF16
+    # The common case in one expression: plain contiguous tensors on this GPU
+    # and a call shape this buffer has run (its sizes passed every check when
+    # its outputs were made). Anything else takes the full checks, which name
+    # what is wrong.
+    shape = None
+    if (type(x) is _Tensor and type(topk_idx) is _Tensor and type(max_tokens) is int and type(num_experts) is int
+            and x.dtype == _BF16_DTYPE and topk_idx.dtype == TOPK_IDX_DTYPE and x.dim() == 2 and topk_idx.dim() == 2
+            and x.get_device() == index and topk_idx.get_device() == index and x.is_contiguous()
+            and topk_idx.is_contiguous()):
+        num_tokens, hidden = x.shape
+        idx_rows, num_topk = topk_idx.shape
+        if num_tokens <= max_tokens and idx_rows == num_tokens and 0 < num_topk <= MAX_TOPK:
+            shape = state.shapes.get((max_tokens, hidden, num_experts, fmt))
+    if shape is None:
+        _check_dispatch_shape(op, context, x, topk_idx, max_tokens, num_experts, use_fp8)
+        num_tokens, hidden = x.shape
+        num_topk = topk_idx.shape[1]
+        key = (max_tokens, hidden, num_experts, fmt)
+        shape = state.shapes.get(key)
+        if shape is None:
+            shape = state.shapes[key] = _Shape()
+    x_ptr = x.data_ptr()
+    if x_ptr % 16:
+        _aligned_ptr(op, "x", x)
     if use_ue8m0 and not round_scale:
         fail(op, "use_ue8m0", "used with round_scale=True (UE8M0 scales are powers of two)",
              "use_ue8m0=True with round_scale=False")
     if async_finish and return_recv_hook:
         fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
              "when it is called)", True)
-    if topk_weights is not None:
+    if topk_weights is not None and not is_plain(topk_weights, torch.float32, (num_tokens, num_topk), index):
         check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(num_tokens, num_topk),
-                     device=device)
-    stats_ptr = _stats_ptr(op, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
-                           torch.int32, num_experts // num_ranks, device)
-    wait_ptr = _stats_ptr(op, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats, torch.int64,
-                          num_ranks, device)
+                     device=context.device)
+    num_ranks = context.num_ranks
+    stats_ptr = 0 if cumulative_local_expert_recv_stats is None else _stats_ptr(
+        context, op, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats, torch.int32,
+        num_experts // num_ranks)
+    wait_ptr = 0 if dispatch_wait_recv_cost_stats is None else _stats_ptr(
+        context, op, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats, torch.int64, num_ranks)
 
-    fmt = (_UE8M0 if use_ue8m0 else _FP8) if use_fp8 else _BF16
-    key = (max_tokens, hidden, num_experts, fmt)
-    shape = state.shapes.get(key)
-    if shape is None:
-        shape = state.shapes[key] = _Shape()
     generation = shape.calls
     outputs = shape.sets[generation & 1]
     if outputs is None:
         outputs = shape.sets[generation & 1] = _OutputSet(context.handle_owner, max_tokens, hidden, num_experts, fmt,
-                                                          num_ranks, device)
+                                                          num_ranks, context.device)
     # Before the launch: a call that fails after it has written the set must
     # not leave the set's older handle valid.
     shape.calls = generation + 1
@@ -312,38 +354,49 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     # Whether weights were given reaches every peer's plan through this
     # address, so it must not be null when they were: with no tokens the
     # weights are never read, but an empty tensor has no address of its own.
-    weights_ptr = 0 if topk_weights is None else topk_weights.data_ptr() or outputs.plan.data_ptr()
+    weights_ptr = 0 if topk_weights is None else topk_weights.data_ptr() or outputs.plan_ptr
     # round_scale only matters with FP8 (the native checks pair it with use_fp8).
     args = (outputs.args, x_ptr, num_tokens, topk_idx.data_ptr(), num_topk, weights_ptr,
             bool(round_scale) and fmt != _BF16, stats_ptr, wait_ptr)
     launch = context.native.low_latency_dispatch
-    tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
-    event, hook = _launch(context, state, op, launch, args, tensors, async_finish, return_recv_hook)
-    handle = LowLatencyHandle((outputs.src_info, outputs.layout_range, max_tokens, hidden, num_experts))
+    if async_finish or return_recv_hook:
+        tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+        event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
+    else:
+        event, hook = _launch_plain(context, state, launch, args), None
+    handle = LowLatencyHandle(outputs.handle_entries)
     handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None, (num_tokens, num_topk))
     return outputs.result, outputs.recv_count, handle, event, hook
 
 
 def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple,
-            async_finish: bool, return_recv_hook: bool):
-    """Runs an op (both phases, or the send with a hook for the receive);
-    returns ``(event, hook)``."""
+            async_finish: bool):
+    """Runs an async_finish op, or the send of a return_recv_hook op with a
+    hook for the receive; returns ``(event, hook)``."""
     stream = current_raw_stream(context.device_index)
     if async_finish:
         return _launch_async(context, state, launch, args, tensors, stream), None
-    if return_recv_hook:
-        launch(*args, _SEND, stream, _join_comm(state), None)
-        return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
-    launch(*args, _SEND_AND_RECEIVE, stream, _join_comm(state), None)
-    return EventOverlap(), None
+    launch(*args, _SEND, stream, _join_comm(state), None)
+    return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
+
+
+def _launch_plain(context: OpContext, state: LowLatencyState, launch, args: tuple) -> EventOverlap:
+    """The common case, neither async_finish nor a hook: both phases on the
+    caller's stream. The ops call it directly (fewer Python calls)."""
+    wait_for = None
+    if state.comm_ahead:
+        state.comm_ahead, wait_for = False, state.comm_raw
+    launch(*args, _SEND_AND_RECEIVE, current_raw_stream(context.device_index), wait_for, None)
+    return EventOverlap()
 
 
 def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple,
                   caller: int) -> EventOverlap:
     """An async_finish op: on the communication stream, after the caller's
     stream; the launch records the ring's next event after it."""
+    pending = state.pending
     capturing = stream_capturing()
-    if not capturing:
+    if not capturing and not len(pending) % RELEASE_EVERY:
         state.release_finished()
     comm = context.comm_raw
     try:
@@ -357,7 +410,7 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
     # Inside a capture the graph's replays, not this queue, decide how long
     # the tensors are needed, and its events cannot be queried.
     if not capturing:
-        state.pending.append((event, tensors))
+        pending.append((event, tensors))
     return EventOverlap(event, tensors)
 
 
@@ -378,30 +431,48 @@ def _check_handle(context: OpContext, op: str, handle) -> tuple:
     return info
 
 
+def _check_combine_tensors(context: OpContext, op: str, x, topk_idx, topk_weights, rows_shape: tuple,
+                           topk_shape: tuple) -> None:
+    """Every check of combine's x, topk_idx and topk_weights, each naming what is wrong."""
+    device = context.device
+    check_tensor(op, "x", x, dtype=torch.bfloat16, shape=rows_shape, device=device)
+    check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, shape=topk_shape, device=device)
+    # Required even when dispatch had weights and these are not read (DeepEP's signature).
+    check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=topk_shape, device=device)
+
+
 def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
             handle, use_logfmt: bool, zero_copy: bool, async_finish: bool, return_recv_hook: bool,
             out: Optional[torch.Tensor], combine_wait_recv_cost_stats: Optional[torch.Tensor]):
     """Buffer.low_latency_combine. Returns ``(combined_x, event, hook)``."""
     op = "low_latency_combine"
-    state = _state(context, op)
-    device, index = context.device, context.device_index
-    outputs, _, num_tokens, num_topk, _, topk_shape = _check_handle(context, op, handle)
-    max_tokens, hidden, num_experts = handle[2], handle[3], handle[4]
-    # Each check in one expression first: this call's whole host budget is a few microseconds.
-    if not is_plain(x, torch.bfloat16, outputs.expert_rows_shape, index):
-        check_tensor(op, "x", x, dtype=torch.bfloat16, shape=outputs.expert_rows_shape, device=device)
+    state = context.low_latency
+    if state is None or state.shapes is None:
+        _state(context, op)
+    index = context.device_index
+    # The common case in one expression each, the full checks (which name what
+    # is wrong) when it fails: this call's whole host budget is a few microseconds.
+    info = handle._info if type(handle) is LowLatencyHandle else None
+    if info is None or info[0].owner is not context.handle_owner or info[0].generation != info[1]:
+        info = _check_handle(context, op, handle)
+    outputs, _, num_tokens, num_topk, _, topk_shape = info
+    _, _, max_tokens, hidden, num_experts = handle
+    if not (type(x) is _Tensor and type(topk_idx) is _Tensor and type(topk_weights) is _Tensor
+            and x.dtype == _BF16_DTYPE and topk_idx.dtype == TOPK_IDX_DTYPE and topk_weights.dtype == _F32_DTYPE
+            and x.shape == outputs.expert_rows_shape and topk_idx.shape == topk_shape
+            and topk_weights.shape == topk_shape and x.get_device() == index and topk_idx.get_device() == index
+            and topk_weights.get_device() == index and x.is_contiguous() and topk_idx.is_contiguous()
+            and topk_weights.is_contiguous()):
+        _check_combine_tensors(context, op, x, topk_idx, topk_weights, outputs.expert_rows_shape, topk_shape)
     if zero_copy:
         if outputs.combine_buffer is None:
             fail(op, "zero_copy", "used after writing the rows into get_next_low_latency_combine_buffer(handle)",
                  "zero_copy=True for a handle whose combine buffer was never taken")
         x_ptr = outputs.combine_buffer.data_ptr()
     else:
-        x_ptr = _aligned_ptr(op, "x", x)
-    if not is_plain(topk_idx, TOPK_IDX_DTYPE, topk_shape, index):
-        check_tensor(op, "topk_idx", topk_idx, dtype=TOPK_IDX_DTYPE, shape=topk_shape, device=device)
-    # Required even when dispatch had weights and these are not read (DeepEP's signature).
-    if not is_plain(topk_weights, torch.float32, topk_shape, index):
-        check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=topk_shape, device=device)
+        x_ptr = x.data_ptr()
+        if x_ptr % 16:
+            _aligned_ptr(op, "x", x)
     if use_logfmt and hidden % SCALE_GROUP:
         fail(op, "use_logfmt", f"False for a hidden size that is not a multiple of {SCALE_GROUP}",
              f"use_logfmt=True with hidden {hidden}")
@@ -409,19 +480,23 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
         fail(op, "return_recv_hook", "False with async_finish=True (a hook's receive runs on the stream current "
              "when it is called)", True)
     if out is None:
-        # x is a bf16 tensor on this GPU by now: new_empty parses fewer arguments than torch.empty.
-        combined_x = x.new_empty((num_tokens, hidden))
+        # x is a bf16 tensor on this GPU by now: new_empty parses fewer arguments
+        # than torch.empty, and separate ints parse about 1 us faster than a tuple.
+        combined_x = x.new_empty(num_tokens, hidden)
         out_ptr = combined_x.data_ptr()  # the allocator's blocks are 512-byte aligned
     else:
-        combined_x = check_tensor(op, "out", out, dtype=torch.bfloat16, shape=(num_tokens, hidden), device=device)
+        combined_x = check_tensor(op, "out", out, dtype=torch.bfloat16, shape=(num_tokens, hidden),
+                                  device=context.device)
         out_ptr = _aligned_ptr(op, "out", combined_x)
     wait_ptr = 0 if combine_wait_recv_cost_stats is None else _stats_ptr(
-        op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64, context.num_ranks, device)
+        context, op, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, torch.int64, context.num_ranks)
     args = (x_ptr, num_tokens, num_topk, hidden, max_tokens, num_experts, topk_idx.data_ptr(), topk_weights.data_ptr(),
             outputs.plan_ptr, bool(use_logfmt), out_ptr, wait_ptr)
+    launch = context.native.low_latency_combine
+    if not (async_finish or return_recv_hook):
+        return combined_x, _launch_plain(context, state, launch, args), None
     tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
-    event, hook = _launch(context, state, op, context.native.low_latency_combine, args, tensors, async_finish,
-                          return_recv_hook)
+    event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
     return combined_x, event, hook
 
 
