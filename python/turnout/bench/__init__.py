@@ -2,15 +2,21 @@
 
 Each subcommand is a module of this package with the same name that provides
 ``TITLE`` (a line above its table), ``COLUMNS`` (see ``report.column``),
-``run(num_ranks, quick) -> rows`` and, optionally, ``plot_series(rows)`` for the
+``run(num_ranks, quick) -> rows`` (raising ``report.Refused`` where it
+cannot measure in this setting) and, optionally, ``plot_series(rows)`` for the
 PNG (one panel, or a list of panels each with its ``title``) and ``title(rows)``
-for a title that depends on the run. Adding one is a module plus an entry below.
+for a title that depends on the run. Adding one is a module plus an entry
+below (in ``SUBCOMMANDS``, or in ``ON_REQUEST`` for one run only when named).
 """
 
 #: The subcommands, in the order a plain ``python -m turnout.bench`` runs them.
 SUBCOMMANDS = ("ceiling", "layout", "intranode", "low_latency")
+#: Subcommands run only when named: internode needs NVL domains declared
+#: smaller than the ranks (TURNOUT_NVL_DOMAIN_SIZE), which a plain run lacks.
+ON_REQUEST = ("internode",)
 
 #: The subcommands that take shape options (``--tokens`` and so on), each with
 #: its defaults: its protocol's shape. ``run`` gets them as keyword arguments;
 #: the other subcommands keep their fixed shape.
-SHAPE_OPTIONS = {"low_latency": {"tokens": 128, "hidden": 7168, "experts": 288, "topk": 8}}
+SHAPE_OPTIONS = {"low_latency": {"tokens": 128, "hidden": 7168, "experts": 288, "topk": 8},
+                 "internode": {"tokens": 4096, "hidden": 7168, "experts": 256, "topk": 8}}

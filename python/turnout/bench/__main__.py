@@ -7,7 +7,7 @@ import sys
 import traceback
 from typing import Dict, List, Optional
 
-from . import SHAPE_OPTIONS, SUBCOMMANDS, report
+from . import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS, report
 
 SHAPE_HELP = {"tokens": "tokens per rank", "hidden": "hidden size", "experts": "number of experts",
               "topk": "experts per token"}
@@ -38,9 +38,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     "Prints a table per subcommand, then writes the JSON (and a PNG beside it when "
                     "matplotlib is installed). On one GPU the ranks share it (4 by default): the figures "
                     "then check the protocol and host time; bandwidth there is not NVLink bandwidth.",
-        epilog=f"subcommands, in the order they run by default: {', '.join(SUBCOMMANDS)}")
+        epilog=f"subcommands, in the order they run by default: {', '.join(SUBCOMMANDS)}; run only when named: "
+               f"{', '.join(ON_REQUEST)} (NVL domains declared smaller than the ranks with TURNOUT_NVL_DOMAIN_SIZE)")
     parser.add_argument("subcommands", nargs="*", metavar="SUBCOMMAND",
-                        help="what to run (default: all of them)")
+                        help="what to run (default: all but those run only when named)")
     parser.add_argument("--ranks", type=positive_int, default=None, metavar="N",
                         help="number of ranks, round-robin over the visible GPUs (default: one per GPU, "
                              f"or {report.SHARED_DEFAULT_RANKS} sharing the GPU when only one is visible)")
@@ -53,10 +54,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         shape.add_argument(f"--{option}", type=positive_int, default=None, metavar="N",
                            help=f"{SHAPE_HELP[option]} (default: {defaults})")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.subcommands if name not in SUBCOMMANDS]
+    unknown = [name for name in args.subcommands if name not in SUBCOMMANDS + ON_REQUEST]
     if unknown:
-        parser.error(f"unknown subcommand(s) {', '.join(unknown)}; choose from {', '.join(SUBCOMMANDS)}")
-    # Given order, each once; none given means all.
+        parser.error(f"unknown subcommand(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(SUBCOMMANDS + ON_REQUEST)}")
+    # Given order, each once; none given means all of SUBCOMMANDS.
     args.subcommands = list(dict.fromkeys(args.subcommands)) or list(SUBCOMMANDS)
     # A shape option that no subcommand of the run reads would be a silent no-op.
     for option in shape_options():
@@ -79,6 +81,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             module = importlib.import_module(f"{__package__}.{name}")
             rows = module.run(num_ranks, args.quick, **shape_for(name, args))
+        except report.Refused as e:
+            # Nothing to measure in this setting: the reason, not a traceback.
+            errors[name] = str(e)
+            print(f"{name} refused: {e}", file=sys.stderr)
+            continue
         except Exception:
             # One failing subcommand should not cost the others' results.
             errors[name] = traceback.format_exc()

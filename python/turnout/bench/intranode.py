@@ -47,13 +47,14 @@ def config_for(num_sms: int) -> Config:
     return Config(num_sms, 8, 256)
 
 
-def inputs(num_tokens: int):
-    scores = torch.randn(num_tokens, NUM_EXPERTS, device="cuda").abs() + 1
-    topk_idx = scores.topk(NUM_TOPK, dim=-1).indices
-    topk_weights = torch.rand(num_tokens, NUM_TOPK, device="cuda")
-    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
-    x_fp8 = (torch.randint(0, 120, (num_tokens, HIDDEN), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
-             torch.rand(HIDDEN // 128, num_tokens, device="cuda").t())
+def inputs(num_tokens: int, hidden: int = HIDDEN, num_experts: int = NUM_EXPERTS, num_topk: int = NUM_TOPK):
+    """(topk_idx, topk_weights, x in BF16, x in FP8 with column-major scales), uniform load."""
+    scores = torch.randn(num_tokens, num_experts, device="cuda").abs() + 1
+    topk_idx = scores.topk(num_topk, dim=-1).indices
+    topk_weights = torch.rand(num_tokens, num_topk, device="cuda")
+    x = torch.randn(num_tokens, hidden, device="cuda").bfloat16()
+    x_fp8 = (torch.randint(0, 120, (num_tokens, hidden), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
+             torch.rand(hidden // 128, num_tokens, device="cuda").t())
     return topk_idx, topk_weights, x, x_fp8
 
 

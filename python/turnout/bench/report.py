@@ -17,6 +17,12 @@ SHARED_NOTE = ("{ranks} ranks share {count} GPU(s) ({gpus_label}): bandwidth fig
 Column = Tuple[str, Callable[[Dict], str]]
 
 
+class Refused(ValueError):
+    """A subcommand that cannot measure anything in this setting (a group of
+    one NVL domain for internode, a shape it cannot take): the command line
+    prints the message alone, no traceback."""
+
+
 def column(header: str, key: str, fmt: str = "{}", scale: float = 1) -> Column:
     """A table column showing ``row[key] / scale`` through ``fmt``; "-" when
     missing or None."""
