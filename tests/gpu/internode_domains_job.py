@@ -55,7 +55,6 @@ def dispatch_and_combine(ctx) -> None:
     token goes to, a rank with no tokens, and biases: rows and handle entries
     bitwise, combine within the reference's tolerance."""
     from internode_cases import round_trip
-
     from intranode_cases import Case
 
     n, d = ctx.world_size, domain_size()
@@ -75,8 +74,8 @@ def cached_dispatch(ctx) -> None:
     """A cached dispatch of other rows with a fresh dispatch's handle lands
     them where the fresh one landed its rows."""
     import torch
-    from internode_cases import check_rows, config, dispatch, reference_dispatch
 
+    from internode_cases import check_rows, config, dispatch, reference_dispatch
     from intranode_cases import Case, inputs_of
 
     n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
@@ -98,7 +97,6 @@ def worst_tokens(ctx) -> None:
     """num_worst_tokens: no host wait, outputs of that many rows, padding
     marked -1, combine of the padded rows."""
     from internode_cases import round_trip
-
     from intranode_cases import Case
 
     n, d = ctx.world_size, domain_size()
@@ -111,8 +109,8 @@ def worst_tokens_in_graph(ctx) -> None:
     """dispatch(num_worst_tokens) + combine captured once in a CUDA graph,
     replayed with new routings and data copied into the captured inputs."""
     import torch
-    from internode_cases import check_combine, check_dispatch, config, reference_combine, reference_dispatch
 
+    from internode_cases import check_combine, check_dispatch, config, reference_combine, reference_dispatch
     from intranode_cases import Case, combine_inputs, inputs_of
 
     n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
@@ -166,9 +164,9 @@ def bad_input(ctx) -> None:
     """Rank 0 passes an expert id out of range: every rank's dispatch raises
     ValueError; the next good round trip is right."""
     import torch
-    from internode_cases import config, round_trip
 
     from harness import assert_raises
+    from internode_cases import config, round_trip
     from intranode_cases import Case, inputs_of
 
     n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
@@ -193,8 +191,8 @@ def absent_rank(ctx) -> None:
     timeout_s (+ grace); those that wait on the last rank directly (its NVL
     domain, its local index in other domains) name it."""
     import torch
-    from internode_cases import dispatch
 
+    from internode_cases import dispatch
     from intranode_cases import Case, inputs_of
 
     n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
@@ -219,6 +217,45 @@ def absent_rank(ctx) -> None:
         ctx.all_gather(None)
 
 
+def megatron_and_torchtitan(ctx) -> None:
+    """Megatron-LM's and torchtitan's forward and backward calls
+    (framework_calls, as test_frameworks.py runs them in one domain) over a
+    buffer spanning the domains, sized as Megatron's get_buffer sizes it (the
+    default dispatch and combine configs' hints; the network hint from the
+    declared domain size), every call without a config: dispatch and the
+    handle bitwise, the weighted combine within tolerance, the cached
+    dispatch's rows bitwise."""
+    import torch
+
+    import turnout
+    from framework_calls import megatron_calls
+    from internode_cases import check_combine, check_dispatch, check_rows, reference_combine, reference_dispatch
+    from intranode_cases import Case, combine_inputs, inputs_of, x_on_device
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    case = Case("uniform", 256, 1024, 8, 64)
+    configs = (turnout.Buffer.get_dispatch_config(n), turnout.Buffer.get_combine_config(n))
+    nvl = max(c.get_nvl_buffer_size_hint(case.hidden * 2, n) for c in configs)
+    rdma = max(c.get_rdma_buffer_size_hint(case.hidden * 2, n) for c in configs)
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    channels = configs[0].num_sms // 2
+    refs = reference_dispatch(case, n, d, inputs, channels)
+    grad, _ = combine_inputs(case, n, me, refs[me].num_recv)
+    grad_out = [torch.randn(case.tokens, case.hidden, generator=torch.Generator().manual_seed(300 + r)).bfloat16()
+                for r in range(n)]
+    cached_refs = reference_dispatch(case, n, d, inputs, channels, x_override=grad_out)
+    what = f"{n} ranks as {n // d} domains of {d}, megatron"
+    with ctx.buffer(ctx.groups[n], nvl, rdma) as buf:
+        assert buf.num_rdma_bytes == rdma > 0, f"{what}: the network hint gave {rdma} bytes"
+        mine = inputs[me]
+        out, back, cached = megatron_calls(buf, x_on_device(mine.x, dev), mine.topk_idx.to(dev),
+                                           mine.topk_weights.to(dev), case.experts, grad.to(dev), grad_out[me].to(dev))
+        check_dispatch(out, refs[me], case, f"{what} dispatch")
+        check_combine(back, reference_combine(case, n, refs, me), case, f"{what} combine")
+        no_topk = Case("uniform", 256, 1024, 0, 64)
+        check_rows(cached[0], None, None, cached_refs[me], no_topk, f"{what} cached dispatch")
+
+
 def shrink_refused(ctx) -> None:
     """Shrink mode is not available in internode mode yet: refused by name on every rank, before NVSHMEM starts."""
     import turnout
@@ -233,7 +270,7 @@ def shrink_refused(ctx) -> None:
 TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
          "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
          "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
-         "absent_rank": absent_rank}
+         "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan}
 
 
 def job(rank: int, world_size: int, tests):

@@ -21,6 +21,7 @@ import torch
 
 import low_latency_cases as ll
 import turnout
+from framework_calls import megatron_calls
 from harness import assert_equal
 from intranode_cases import (
     Case,
@@ -43,8 +44,6 @@ def group_inputs(ctx, case: Case, n: int):
 
 
 def test_megatron_and_torchtitan_calls(ctx):
-    from turnout.utils import EventHandle, EventOverlap
-
     for n, g in ctx.each_group():
         size = nvl_bytes(CASE.hidden, n)
         with ctx.buffer(g, num_nvl_bytes=size) as buf:
@@ -52,39 +51,17 @@ def test_megatron_and_torchtitan_calls(ctx):
                 f"group/num_nvl_bytes/num_rdma_bytes: {buf.group}, {buf.num_nvl_bytes}, {buf.num_rdma_bytes}"
             inputs, refs = group_inputs(ctx, CASE, n)
             mine = inputs[ctx.rank]
-            x = x_on_device(mine.x, ctx.device)
-            topk_idx = mine.topk_idx.to(ctx.device)
-            weights = mine.topk_weights.to(ctx.device)
-
-            # Forward dispatch (fused_dispatch): every step async on the comm stream.
-            previous_event = EventOverlap(EventHandle())
-            per_rank, per_rdma, per_expert, in_rank, event = buf.get_dispatch_layout(
-                topk_idx, CASE.experts, previous_event=previous_event, async_finish=True,
-                allocate_on_comm_stream=True)
-            out = buf.dispatch(x, topk_idx=topk_idx, topk_weights=weights, num_tokens_per_rank=per_rank,
-                               num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
-                               num_tokens_per_expert=per_expert, previous_event=event, async_finish=True,
-                               allocate_on_comm_stream=True)
-            out[5].current_stream_wait()
-            check_dispatch(out, refs[ctx.rank], CASE, f"n={n} megatron dispatch")
-            handle = out[4]
-
-            # Backward of dispatch: a combine weighted by the received top-k weights.
             grad, _ = combine_inputs(CASE, n, ctx.rank, refs[ctx.rank].num_recv)
-            back = buf.combine(grad.to(ctx.device), handle, topk_weights=out[2],
-                               previous_event=EventOverlap(EventHandle()), async_finish=True,
-                               allocate_on_comm_stream=True)
-            back[2].current_stream_wait()
-            check_combine(back, reference_combine(CASE, n, refs, ctx.rank), CASE, f"n={n} megatron combine")
-
-            # Backward of combine: a cached dispatch of the output gradient from the handle.
             new_x = [torch.randn(CASE.tokens, CASE.hidden, generator=torch.Generator().manual_seed(300 + r)).bfloat16()
                      for r in range(n)]
             cached_refs = reference_dispatch(CASE, n, inputs, x_override=new_x)
-            cached = buf.dispatch(new_x[ctx.rank].to(ctx.device), handle=handle,
-                                  previous_event=EventOverlap(EventHandle()), async_finish=True,
-                                  allocate_on_comm_stream=True)
-            cached[5].current_stream_wait()
+            out, back, cached = megatron_calls(buf, x_on_device(mine.x, ctx.device), mine.topk_idx.to(ctx.device),
+                                               mine.topk_weights.to(ctx.device), CASE.experts,
+                                               grad.to(ctx.device), new_x[ctx.rank].to(ctx.device))
+            check_dispatch(out, refs[ctx.rank], CASE, f"n={n} megatron dispatch")
+            # The backward of dispatch: a combine weighted by the received top-k weights.
+            check_combine(back, reference_combine(CASE, n, refs, ctx.rank), CASE, f"n={n} megatron combine")
+            # The backward of combine: a cached dispatch of the output gradient from the handle.
             assert_equal(cached[0].view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from test_nvshmem_window import find_library, smoke_env
 
 TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "worst_tokens_in_graph",
-         "bad_input", "absent_rank")
+         "megatron_and_torchtitan", "bad_input", "absent_rank")
 
 
 def configurations(world_size: int, num_devices: int):
