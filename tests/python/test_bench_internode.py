@@ -14,6 +14,7 @@ from turnout.bench.internode import (
     declared_domain_size,
     finish,
     make_row,
+    nvshmem_environment,
     plot_series,
     title,
     wire_rows,
@@ -197,3 +198,20 @@ def test_command_line_refuses_one_domain_without_a_traceback(monkeypatch, tmp_pa
 
     doc = json.loads(path.read_text())
     assert "form one NVL domain" in doc["errors"]["internode"] and "internode" not in doc["results"]
+
+
+def test_nvshmem_environment(monkeypatch):
+    monkeypatch.setenv("TURNOUT_MPS_CONTROL", "/opt/mps/bin/nvidia-cuda-mps-control")
+    env = {"PATH": "/usr/bin"}
+    nvshmem_environment(env, shared=True)
+    assert env == {"PATH": "/opt/mps/bin:/usr/bin", "NVSHMEM_REMOTE_TRANSPORT": "none"}
+    nvshmem_environment(env, shared=True)
+    assert env["PATH"] == "/opt/mps/bin:/usr/bin", "the folder goes on PATH once"
+    # A transport the caller chose stays; a GPU per rank needs no MPS.
+    env = {"PATH": "/usr/bin", "NVSHMEM_REMOTE_TRANSPORT": "ibgda"}
+    nvshmem_environment(env, shared=False)
+    assert env == {"PATH": "/usr/bin", "NVSHMEM_REMOTE_TRANSPORT": "ibgda"}
+    monkeypatch.setenv("TURNOUT_MPS_CONTROL", "")
+    env = {}
+    nvshmem_environment(env, shared=True)
+    assert env == {"NVSHMEM_REMOTE_TRANSPORT": "none"}

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from .. import Config
 from ..buffer import Buffer
+from ..gpu_sharing import find_mps_control
 from ..launch import gpus_shared, run_on_local_gpus
 from . import SHAPE_OPTIONS
 from .internode_wire import network_counts
@@ -195,13 +196,28 @@ def finish(rows: List[Dict], num_ranks: int, domain: int, shared: bool) -> List[
     return out
 
 
+def nvshmem_environment(environ, shared: bool) -> None:
+    """What NVSHMEM needs in ``environ`` (the ranks inherit it) for domains
+    emulated on this host: no remote transport (every PE is reached over P2P;
+    left as given if set) and, where ranks share a GPU, the MPS control binary
+    on PATH, since NVSHMEM asks it whether MPS runs before it gives PEs
+    sharing a GPU its full support (as tests/gpu/test_nvshmem_window.py sets
+    it up)."""
+    environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
+    control = find_mps_control() if shared else None
+    if control:
+        folder = os.path.dirname(control)
+        path = environ.get("PATH", "")
+        if folder not in path.split(os.pathsep):
+            environ["PATH"] = folder + os.pathsep + path if path else folder
+
+
 def run(num_ranks: Optional[int], quick: bool, **shape: int) -> List[Dict]:
     shape = dict(PROTOCOL, **shape)
     world_size = num_ranks or torch.cuda.device_count()
     domain = declared_domain_size(world_size)
     check_shape(shape, world_size)
-    # The domains are emulated on this host: NVSHMEM reaches every PE over P2P, no NIC.
-    os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
+    nvshmem_environment(os.environ, gpus_shared(world_size))
     per_rank = run_on_local_gpus(measure, (quick, shape, domain), num_ranks, "nccl")
     rows = merge_ranks(per_rank, "time_us", "gbps", "turnout_bytes", "deepep_bytes", "per_rank_bytes",
                        "turnout_messages", "deepep_messages", "per_rank_messages", "ratio_deepep", "ratio_per_rank")
