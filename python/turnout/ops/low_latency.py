@@ -383,10 +383,7 @@ def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: t
 def _launch_plain(context: OpContext, state: LowLatencyState, launch, args: tuple) -> EventOverlap:
     """The common case, neither async_finish nor a hook: both phases on the
     caller's stream. The ops call it directly (fewer Python calls)."""
-    wait_for = None
-    if state.comm_ahead:
-        state.comm_ahead, wait_for = False, state.comm_raw
-    launch(*args, _SEND_AND_RECEIVE, current_raw_stream(context.device_index), wait_for, None)
+    launch(*args, _SEND_AND_RECEIVE, current_raw_stream(context.device_index), _join_comm(state), None)
     return EventOverlap()
 
 
