@@ -238,15 +238,17 @@ def megatron_and_torchtitan(ctx) -> None:
     nvl = max(c.get_nvl_buffer_size_hint(case.hidden * 2, n) for c in configs)
     rdma = max(c.get_rdma_buffer_size_hint(case.hidden * 2, n) for c in configs)
     inputs = [inputs_of(case, n, r) for r in range(n)]
-    channels = configs[0].num_sms // 2
-    refs = reference_dispatch(case, n, d, inputs, channels)
-    grad, _ = combine_inputs(case, n, me, refs[me].num_recv)
     grad_out = [torch.randn(case.tokens, case.hidden, generator=torch.Generator().manual_seed(300 + r)).bfloat16()
                 for r in range(n)]
-    cached_refs = reference_dispatch(case, n, d, inputs, channels, x_override=grad_out)
     what = f"{n} ranks as {n // d} domains of {d}, megatron"
     with ctx.buffer(ctx.groups[n], nvl, rdma) as buf:
         assert buf.num_rdma_bytes == rdma > 0, f"{what}: the network hint gave {rdma} bytes"
+        # Ranks sharing a GPU get a share of its SMs: the default config's
+        # channels within that budget, as the library runs them.
+        channels = min(configs[0].num_sms, buf._native.sm_budget) // 2
+        refs = reference_dispatch(case, n, d, inputs, channels)
+        grad, _ = combine_inputs(case, n, me, refs[me].num_recv)
+        cached_refs = reference_dispatch(case, n, d, inputs, channels, x_override=grad_out)
         mine = inputs[me]
         out, back, cached = megatron_calls(buf, x_on_device(mine.x, dev), mine.topk_idx.to(dev),
                                            mine.topk_weights.to(dev), case.experts, grad.to(dev), grad_out[me].to(dev))
