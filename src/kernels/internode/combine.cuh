@@ -61,6 +61,40 @@ __device__ __forceinline__ int4 to_bf16x8(const float (&acc)[8]) {
   return out;
 }
 
+// The most rows one sum reads: a row from every local rank, or a row of this
+// domain's and a partial of every other.
+inline constexpr int kMaxSummands = kMaxNvlRanks + kMaxDomains;
+// Warp-wide: out = bf16(sum of rows[0..m) then bias0, bias1), in fp32 in that
+// order for every element (the order the reference sums in), for a row of
+// n16 16-byte words. Each lane loads kWords words of a summand before it adds
+// them, so that a summand's row is read in n16 / (32 kWords) round trips.
+template <int kWords>
+__device__ __forceinline__ void sum_rows(const char* const* rows, int m, const void* bias0, const void* bias1,
+                                         void* out, int n16, int lane) {
+  for (int v0 = lane; v0 < n16; v0 += 32 * kWords) {
+    float acc[kWords][8] = {};
+    const auto add = [&](const char* base, bool input) {
+      int4 w[kWords];
+#pragma unroll
+      for (int u = 0; u < kWords; ++u) {
+        const int v = v0 + 32 * u;
+        if (v < n16) w[u] = input ? device::load_input_16(base + v * 16) : device::load_shared_16(base + v * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < kWords; ++u)
+        if (v0 + 32 * u < n16) add_bf16x8(acc[u], w[u]);
+    };
+    for (int k = 0; k < m; ++k) add(rows[k], false);
+    if (bias0) add(static_cast<const char*>(bias0), true);
+    if (bias1) add(static_cast<const char*>(bias1), true);
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      const int v = v0 + 32 * u;
+      if (v < n16) device::store_16(static_cast<char*>(out) + v * 16, to_bf16x8(acc[u]));
+    }
+  }
+}
+
 template <typename Ready>
 __device__ __forceinline__ bool warp_wait(const CombineParams& p, int peer, Ready ready, int lane) {
   bool ok = true;
@@ -135,7 +169,7 @@ __device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
 
 // Forward block, warp for other domain s: the partial sums of the tokens this
 // rank forwarded from (s, n), back to (s, n).
-template <NetTransport T>
+template <int kWords, NetTransport T>
 __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, int lane) {
   const InternodeCombineArgs& a = p.args;
   const InternodeHandle& h = a.handle;
@@ -153,6 +187,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
   const int32_t* head = ints(local, p.net.head(c, s));
   __shared__ int s_taken[32][32];
   const int warp = threadIdx.x / 32;
+  __shared__ const char* s_sum[32][kMaxNvlRanks];
   int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
   int placed = 0, put = 0;
   const auto flush = [&] {
@@ -189,14 +224,14 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
     // Every lane reads every row's place (lanes that finish early leave the loops below).
     s_taken[warp][lane] = consumed;
     __syncwarp();
-    for (int v = lane; v < n16; v += 32) {
-      float acc[8] = {};
-      for (uint32_t left = mask; left; left &= left - 1) {
-        const int j = __ffs(left) - 1;
-        add_bf16x8(acc, device::load_shared_16(at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs)) + v * 16));
-      }
-      device::store_16(out + v * 16, to_bf16x8(acc));
+    int m = 0;
+    for (uint32_t left = mask; left; left &= left - 1) {
+      const int j = __ffs(left) - 1;
+      if (lane == 0) s_sum[warp][m] = at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs));
+      ++m;
     }
+    __syncwarp();
+    sum_rows<kWords>(s_sum[warp], m, nullptr, nullptr, out, n16, lane);
     for (int q = lane; q < a.num_topk; q += 32) {
       float w = 0.0f;
       for (uint32_t left = mask; left; left &= left - 1) {
@@ -221,7 +256,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
 
 // Forward block, warp of this rank's own domain: the final sums of this
 // rank's tokens of channel c.
-template <NetTransport T>
+template <int kWords, NetTransport T>
 __device__ void reduce_final(const CombineParams& p, const T& net, int c, int lane) {
   const InternodeCombineArgs& a = p.args;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
@@ -237,6 +272,7 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
   // taken from network ring (c, e), and how many of those were credited.
   __shared__ int s_rows[32][32], s_partials[32][32];
   const int warp = threadIdx.x / 32;
+  __shared__ const char* s_sum[32][kMaxSummands];
   int rows_taken = 0, partials = 0, credited = 0;
   bool ok = true;
   for (int t = begin; ok && t < end; ++t) {
@@ -262,22 +298,25 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
     s_rows[warp][lane] = rows_taken;
     s_partials[warp][lane] = partials;
     __syncwarp();
-    for (int v = lane; v < n16; v += 32) {
-      float acc[8] = {};
-      for (int e = 0; e < N; ++e) {
-        if (e == d) {
-          for (uint32_t left = own; left; left &= left - 1) {
-            const int j = __ffs(left) - 1;
-            add_bf16x8(acc, device::load_shared_16(at(self, p.nvl.slot(c, j, d, s_rows[warp][j] % Qs)) + v * 16));
-          }
-        } else if (far >> e & 1) {
-          add_bf16x8(acc, device::load_shared_16(local + p.net.recv_slot(c, e, s_partials[warp][e] % Q) + v * 16));
+    // The summands in the reference's order: this domain's rows (local rank
+    // order) where its turn comes, every other domain's partial (domain order).
+    int m = 0;
+    for (int e = 0; e < N; ++e) {
+      if (e == d) {
+        for (uint32_t left = own; left; left &= left - 1) {
+          const int j = __ffs(left) - 1;
+          if (lane == 0) s_sum[warp][m] = at(self, p.nvl.slot(c, j, d, s_rows[warp][j] % Qs));
+          ++m;
         }
+      } else if (far >> e & 1) {
+        if (lane == 0) s_sum[warp][m] = local + p.net.recv_slot(c, e, s_partials[warp][e] % Q);
+        ++m;
       }
-      if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
-      if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
-      device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, to_bf16x8(acc));
     }
+    const auto* bias0 = a.bias0 ? static_cast<const char*>(a.bias0) + out_row : nullptr;
+    const auto* bias1 = a.bias1 ? static_cast<const char*>(a.bias1) + out_row : nullptr;
+    __syncwarp();
+    sum_rows<kWords>(s_sum[warp], m, bias0, bias1, static_cast<char*>(a.combined_x) + out_row, n16, lane);
     if (a.combined_topk_weights != nullptr)
       for (int q = lane; q < a.num_topk; q += 32) {
         float w = 0.0f;
@@ -314,9 +353,13 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
 
 }  // namespace combine_detail
 
-template <NetTransport T>
-__global__ void __launch_bounds__(1024, 1) internode_combine_kernel(CombineParams p, T net) {
+// kMaxThreads: the block's size bound. Groups of up to 16 domains (blocks of
+// at most 512 threads) get 128 registers a thread, room for four words in
+// flight per summand; a 1024-thread block's 64 hold two.
+template <NetTransport T, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, 1) internode_combine_kernel(CombineParams p, T net) {
   using namespace combine_detail;
+  constexpr int kWords = kMaxThreads <= 512 ? 4 : 2;
   if (device::wait_abandoned(p.ctx.errors)) return;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, d = p.peers.rank / D;
   // A failed dispatch's handle (handle [4] marked -1 on every rank): nothing moves.
@@ -329,16 +372,20 @@ __global__ void __launch_bounds__(1024, 1) internode_combine_kernel(CombineParam
   if (blockIdx.x % 2 == 0) {
     if (warp < D) send_rows(p, c, warp, lane);
   } else if (warp == d) {
-    reduce_final(p, net, c, lane);
+    reduce_final<kWords>(p, net, c, lane);
   } else if (warp < N) {
-    reduce_for(p, net, c, warp, lane);
+    reduce_for<kWords>(p, net, c, warp, lane);
   }
 }
 
 template <NetTransport T>
 void launch_combine_on(const CombineParams& p, const T& net, cudaStream_t stream) {
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
-  internode_combine_kernel<T><<<2 * p.net.shape.num_channels, 32 * (N > D ? N : D), 0, stream>>>(p, net);
+  const int threads = 32 * (N > D ? N : D);
+  if (threads <= 512)
+    internode_combine_kernel<T, 512><<<2 * p.net.shape.num_channels, threads, 0, stream>>>(p, net);
+  else
+    internode_combine_kernel<T, 1024><<<2 * p.net.shape.num_channels, threads, 0, stream>>>(p, net);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
