@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) internode_combine_kernel(Combi
       device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.args.handle.num_recv, 0, 2, 0);
     return;
   }
-  // Warp w runs role w % W of channel (pair) K + w / W.
+  // Warp w runs role w % W of channel (blockIdx.x / 2) K + w / W.
   const int W = N > D ? N : D, K = channels_per_block(N, D);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
   const int c = blockIdx.x / 2 * K + warp / W;

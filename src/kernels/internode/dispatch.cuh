@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchPar
   if (device::wait_abandoned(p.ctx.errors)) return;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const bool failed = device::load_volatile(ints(p.peers.buffers[p.peers.rank % D], p.nvl.status)) != 0;
-  // Warp w runs role w % W of channel (pair) K + w / W.
+  // Warp w runs role w % W of channel (blockIdx.x / 2) K + w / W.
   const int W = dispatch_block_warps(N, D), K = channels_per_block(N, D);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
   const int c = blockIdx.x / 2 * K + warp / W;
