@@ -81,6 +81,10 @@ size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks, int
   require(num_domains <= kernels::internode::kMaxDomains, "get_rdma_buffer_size_hint: at most " +
                                                               std::to_string(kernels::internode::kMaxDomains) +
                                                               " NVL domains, got " + std::to_string(num_domains));
+  require(num_domains + num_nvl_ranks <= kernels::internode::kMaxBlockWarps,
+          "get_rdma_buffer_size_hint: at most " + std::to_string(kernels::internode::kMaxBlockWarps) +
+              " NVL domains and ranks per domain together, got " + std::to_string(num_domains) + " domains of " +
+              std::to_string(num_nvl_ranks));
   // The network region of kernels/internode/region.hpp at the largest top-k
   // (its counts area is fixed): receive and staging rings per channel and domain.
   kernels::internode::Shape shape;

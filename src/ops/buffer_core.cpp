@@ -140,6 +140,11 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   if (internode && topology_.num_rdma_ranks() > kernels::internode::kMaxDomains)
     throw NotSupported("Buffer: internode mode takes at most " + std::to_string(kernels::internode::kMaxDomains) +
                        " NVL domains; this group has " + std::to_string(topology_.num_rdma_ranks()));
+  if (internode && topology_.num_rdma_ranks() + topology_.num_nvl_ranks > kernels::internode::kMaxBlockWarps)
+    throw NotSupported("Buffer: internode mode takes at most " + std::to_string(kernels::internode::kMaxBlockWarps) +
+                       " NVL domains and ranks per domain together (a warp each in one block); this group has " +
+                       std::to_string(topology_.num_rdma_ranks()) + " domains of " +
+                       std::to_string(topology_.num_nvl_ranks));
   if (internode && options.enable_shrink)
     throw NotSupported(
         "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "

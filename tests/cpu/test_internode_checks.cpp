@@ -136,6 +136,11 @@ TEST(InternodeRegion, SizeHintTakesTheDeclaredDomainSize) {
   EXPECT_THROW(config.get_rdma_buffer_size_hint(14336, 8, 0), InvalidArgument);
   EXPECT_THROW(config.get_rdma_buffer_size_hint(14336, 8, 9), InvalidArgument);
   EXPECT_THROW(config.get_rdma_buffer_size_hint(14336, 66, 2), InvalidArgument);  // 33 domains
+  // A dispatch channel's warps share a block: domains plus ranks per domain at most 32.
+  EXPECT_THROW(config.get_rdma_buffer_size_hint(14336, 32, 1), InvalidArgument);
+  EXPECT_THROW(config.get_rdma_buffer_size_hint(14336, 116, 4), InvalidArgument);  // 29 domains of 4
+  EXPECT_GT(config.get_rdma_buffer_size_hint(14336, 31, 1), 0u);
+  EXPECT_GT(config.get_rdma_buffer_size_hint(14336, 112, 4), 0u);
 }
 
 internode::BufferShape buffer_of(int ranks, int nvl_ranks) {

@@ -21,6 +21,9 @@ inline constexpr int64_t kNetMetaBytes = 256 * 1024;
 inline constexpr int64_t kNvlMetaBytes = 64 * 1024;
 // The most domains: a warp lane per domain, domain masks in a uint32.
 inline constexpr int kMaxDomains = 32;
+// A dispatch channel's send block holds a warp per domain and one per local
+// rank: N + D warps, at most a block's 32.
+inline constexpr int kMaxBlockWarps = 32;
 
 // Ints in front of each counts message: {num_tokens, num_worst_tokens, bad input, unused}.
 inline constexpr int kInfoInts = 4;
