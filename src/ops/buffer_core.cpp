@@ -140,11 +140,9 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   if (internode && topology_.num_rdma_ranks() > kernels::internode::kMaxDomains)
     throw NotSupported("Buffer: internode mode takes at most " + std::to_string(kernels::internode::kMaxDomains) +
                        " NVL domains; this group has " + std::to_string(topology_.num_rdma_ranks()));
-  // A dispatch channel's warps (a sender per domain, a receiver per local
-  // rank) share one block.
   if (internode && topology_.num_rdma_ranks() + topology_.num_nvl_ranks > kernels::internode::kMaxBlockWarps)
     throw NotSupported("Buffer: internode mode takes at most " + std::to_string(kernels::internode::kMaxBlockWarps) +
-                       " NVL domains and ranks per domain together; this group has " +
+                       " NVL domains and ranks per domain together (a warp each in one block); this group has " +
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
   if (internode && options.enable_shrink)

@@ -21,6 +21,9 @@ inline constexpr int64_t kNetMetaBytes = 256 * 1024;
 inline constexpr int64_t kNvlMetaBytes = 64 * 1024;
 // The most domains: a warp lane per domain, domain masks in a uint32.
 inline constexpr int kMaxDomains = 32;
+// A dispatch channel's send block holds a warp per domain and one per local
+// rank: N + D warps, at most a block's 32.
+inline constexpr int kMaxBlockWarps = 32;
 
 // Ints in front of each counts message: {num_tokens, num_worst_tokens, bad input, unused}.
 inline constexpr int kInfoInts = 4;
@@ -43,7 +46,6 @@ struct Shape {
 // kMaxChannelsPerBlock; each channel gets 1/K of the config's ring slots, so
 // the regions keep their size.
 inline constexpr int kMaxChannelsPerBlock = 4;
-inline constexpr int kMaxBlockWarps = 32;
 
 __host__ __device__ inline int channels_per_block(int num_domains, int num_nvl_ranks) {
   const int k = kMaxBlockWarps / (num_domains + num_nvl_ranks);
