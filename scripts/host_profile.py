@@ -24,6 +24,7 @@ tree's ``python/`` beside a built ``_C``)::
 """
 import argparse
 import cProfile
+import gc
 import pstats
 import sys
 import time
@@ -179,13 +180,22 @@ def modes(buffer: Buffer):
 
 def time_mode(make, calls: int, repeats: int) -> float:
     """The best over ``repeats`` runs of the mean us per call, in this
-    thread's CPU time (other processes' turns on a shared core do not count)."""
+    thread's CPU time (other processes' turns on a shared core do not count),
+    with the cyclic garbage collector off, as timeit has it: a collection
+    falls on whichever call passes its threshold and scans every object of
+    the process, so it made a mode's figure vary 2x from run to run."""
     best = float("inf")
     for _ in range(repeats):
         run = make(calls)
-        start = time.thread_time_ns()
-        run()
-        best = min(best, (time.thread_time_ns() - start) / calls / 1e3)
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.thread_time_ns()
+            run()
+            elapsed = time.thread_time_ns() - start
+        finally:
+            gc.enable()
+        best = min(best, elapsed / calls / 1e3)
     return best
 
 
