@@ -190,18 +190,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
   __shared__ const char* s_sum[32][kMaxNvlRanks];
   int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
   int placed = 0, put = 0;
-  const auto flush = [&] {
-    if (put == placed) return;
-    const int total = placed - put;
-    while (put < placed) {
-      const int first = put % Q, run = min(placed - put, Q - first);
-      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, s, first),
-                   static_cast<int64_t>(run) * p.slot.bytes);
-      put += run;
-    }
-    __syncwarp();
-    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(total));
-  };
+  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, s, put, placed, lane); };
   bool ok = true;
   for (int i = 0; ok && i < count; ++i) {
     // The local ranks the token went to, from handle [9].

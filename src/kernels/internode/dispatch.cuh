@@ -114,19 +114,7 @@ __device__ void send(const DispatchParams& p, const T& net, int c, int e, int la
   char* local = net.local();
   const int32_t* head = ints(local, p.net.head(c, e));
   int placed = 0, put = 0;  // tokens numbered (staged when e is far), tokens put
-  // Puts the staged run [put, placed) (two puts where it wraps the ring) and arrives.
-  const auto flush = [&] {
-    if (put == placed) return;
-    const int count = placed - put;
-    while (put < placed) {
-      const int first = put % Q, run = min(placed - put, Q - first);
-      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, e, first),
-                   static_cast<int64_t>(run) * p.slot.bytes);
-      put += run;
-    }
-    __syncwarp();
-    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(count));
-  };
+  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, e, put, placed, lane); };
   bool ok = true;
   for (int base = begin; ok && base < end; base += 32) {
     const int t_lane = base + lane;
