@@ -87,13 +87,9 @@ size_t Config::get_rdma_buffer_size_hint(size_t hidden_bytes, int num_ranks, int
               std::to_string(num_nvl_ranks));
   // The network region of kernels/internode/region.hpp at the largest top-k
   // (its counts area is fixed): receive and staging rings per channel and domain.
-  kernels::internode::Shape shape;
-  shape.num_domains = num_domains;
-  shape.num_nvl_ranks = num_nvl_ranks;
-  shape.num_channels = num_sms / 2;
-  shape.net_slots = num_max_rdma_chunked_recv_tokens;
-  shape.nvl_slots = num_max_nvl_chunked_recv_tokens;
-  shape.slot_bytes = static_cast<int>(token_slot_bytes(hidden_bytes));
+  const kernels::internode::Shape shape = kernels::internode::make_shape(
+      num_domains, num_nvl_ranks, num_sms, num_max_rdma_chunked_recv_tokens, num_max_nvl_chunked_recv_tokens, 0,
+      static_cast<int>(token_slot_bytes(hidden_bytes)));
   return align_up(kernels::internode::make_net_region(shape).total, 128);
 }
 

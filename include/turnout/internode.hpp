@@ -17,6 +17,10 @@
 
 namespace turnout {
 
+// An internode call on num_sms SMs runs num_sms / 2 block pairs of this many
+// channels each (C below): as many as fit 32 warps a block, up to 4.
+int internode_channels_per_block(int num_domains, int num_nvl_ranks);
+
 // DeepEP's ten handle entries, index for index (docs/INTERNODE.md "The
 // handle"). R ranks in N domains of D, C = channels of the dispatch, T this
 // rank's tokens. A fresh dispatch's counts step writes [1]-[6], its data step

@@ -116,6 +116,11 @@ void combine(Buffer& b, const HandleAddresses& handle, int num_tokens, int num_c
 
 void bind_internode(BufferClass& buffer) {
   buffer.def_prop_ro("num_internode_bytes", &Buffer::num_internode_bytes)
+      .def_prop_ro("internode_channels_per_block",
+                   [](const Buffer& b) {
+                     const Topology& t = b.topology();
+                     return internode_channels_per_block(t.num_rdma_ranks(), t.num_nvl_ranks);
+                   })
       .def("internode_dispatch_counts", &dispatch_counts, "handle"_a, "num_tokens"_a, "num_channels"_a,
            "num_tokens_per_expert"_a, "num_experts"_a, "topk_idx"_a, "num_topk"_a, "expert_alignment"_a,
            "num_worst_tokens"_a, "cached"_a, "config"_a, "stream"_a, "wait_for"_a)

@@ -107,9 +107,7 @@ TEST(InternodeRegion, SizeHintsCoverEveryCall) {
           for (int slot : {ki::make_token_slot(hidden * 2, 0, kMaxTopk).bytes,
                            ki::make_token_slot(hidden, hidden / 128, kMaxTopk).bytes,
                            kernels::make_combine_slot(hidden, kMaxTopk).bytes}) {
-            ki::Shape s = shape_of(domains, nvl_ranks, sms / 2, 0, slot);
-            s.net_slots = 128;
-            s.nvl_slots = 256;
+            const ki::Shape s = ki::make_shape(domains, nvl_ranks, sms, 128, 256, 0, slot);
             EXPECT_LE(static_cast<size_t>(ki::make_net_region(s).total), net_hint)
                 << hidden << " " << nvl_ranks << "x" << domains << " " << sms;
             EXPECT_LE(static_cast<size_t>(ki::make_nvl_region(s).total), nvl_hint)
@@ -154,6 +152,10 @@ internode::BufferShape buffer_of(int ranks, int nvl_ranks) {
   return s;
 }
 
+// The channels of a call on buffer_of(16, 8): 10 block pairs of 3 channels
+// (a channel's 2 senders and 8 receivers are 10 of a block's 32 warps).
+constexpr int kChannels16x8 = 30;
+
 InternodeHandle handle_of(int num_tokens, int num_recv, int num_forward) {
   InternodeHandle h;
   h.is_token_in_rank = fake<const bool>();
@@ -161,7 +163,7 @@ InternodeHandle handle_of(int num_tokens, int num_recv, int num_forward) {
       h.recv_rdma_rank_prefix_sum = h.recv_gbl_channel_prefix_matrix = h.recv_gbl_rank_prefix_sum = h.recv_src_meta =
           h.send_rdma_head = h.send_nvl_head = fake<int32_t>();
   h.num_tokens = num_tokens;
-  h.num_channels = 10;
+  h.num_channels = kChannels16x8;
   h.num_recv = num_recv;
   h.num_forward = num_forward;
   return h;
@@ -211,11 +213,21 @@ TEST(InternodeCheck, GoodArgumentsPass) {
   EXPECT_NO_THROW(internode::check_dispatch_counts(good_counts(), shape));
   const auto r = internode::check_dispatch(good_dispatch(), shape);
   EXPECT_EQ(r.net.shape.num_domains, 2);
-  EXPECT_EQ(r.nvl.shape.num_channels, 10);
+  EXPECT_EQ(r.nvl.shape.num_channels, kChannels16x8);
+  // Each channel has a third of the rings' slots.
+  EXPECT_EQ(r.net.shape.net_slots, 128 / 3);
+  EXPECT_EQ(r.nvl.shape.nvl_slots, 256 / 3);
   EXPECT_NO_THROW(internode::check_combine(good_combine(), shape));
-  // Emulated domains: 4 ranks as 2 of 2, 8 as 4 of 2.
-  EXPECT_NO_THROW(internode::check_dispatch(good_dispatch(), buffer_of(4, 2)));
-  EXPECT_NO_THROW(internode::check_dispatch(good_dispatch(), buffer_of(8, 2)));
+  // Emulated domains: 4 ranks as 2 of 2 and 8 as 4 of 2 (4 warps and 6 a
+  // channel): block pairs of 4 channels, the most a block runs.
+  auto a = good_dispatch();
+  a.handle.num_channels = 40;
+  EXPECT_NO_THROW(internode::check_dispatch(a, buffer_of(4, 2)));
+  EXPECT_NO_THROW(internode::check_dispatch(a, buffer_of(8, 2)));
+  EXPECT_EQ(internode_channels_per_block(2, 2), 4);
+  EXPECT_EQ(internode_channels_per_block(2, 8), 3);
+  EXPECT_EQ(internode_channels_per_block(8, 8), 2);
+  EXPECT_EQ(internode_channels_per_block(24, 8), 1);
 }
 
 TEST(InternodeCheck, ConfigIsChecked) {
@@ -233,13 +245,23 @@ TEST(InternodeCheck, ConfigIsChecked) {
   auto c = good_combine();
   c.config = Config(20, 2, 3, 2, 4);
   expect_error([&] { internode::check_combine(c, buffer_of(16, 4)); }, "combine", "num_max_nvl_chunked_recv_tokens");
+  // A block pair runs 3 channels at 2 domains of 8, each with a third of the
+  // rings: 6 NVL slots at least (2 per channel), and 3 network slots.
+  c = good_combine();
+  c.config = Config(20, 2, 5, 2, 16);
+  expect_error([&] { internode::check_combine(c, shape); }, "combine", "at least 6");
+  c.config = Config(20, 2, 6, 2, 2);
+  expect_error([&] { internode::check_combine(c, shape); }, "combine",
+               "num_max_rdma_chunked_recv_tokens must be at least 3");
+  c.config = Config(20, 2, 6, 3, 3);
+  EXPECT_NO_THROW(internode::check_combine(c, shape));
 }
 
 TEST(InternodeCheck, HandleIsChecked) {
   const auto shape = buffer_of(16, 8);
   auto c = good_combine();
-  c.handle.num_channels = 12;
-  expect_error([&] { internode::check_combine(c, shape); }, "combine", "12 channels");
+  c.handle.num_channels = 10;  // a channel per block pair: not what this call runs
+  expect_error([&] { internode::check_combine(c, shape); }, "combine", "10 channels");
   c = good_combine();
   c.handle.send_nvl_head = nullptr;
   expect_error([&] { internode::check_combine(c, shape); }, "combine", "handle[9] (send_nvl_head)");

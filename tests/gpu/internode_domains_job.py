@@ -244,8 +244,8 @@ def megatron_and_torchtitan(ctx) -> None:
     with ctx.buffer(ctx.groups[n], nvl, rdma) as buf:
         assert buf.num_rdma_bytes == rdma > 0, f"{what}: the network hint gave {rdma} bytes"
         # Ranks sharing a GPU get a share of its SMs: the default config's
-        # channels within that budget, as the library runs them.
-        channels = min(configs[0].num_sms, buf._native.sm_budget) // 2
+        # block pairs within that budget, each of the library's channels per block.
+        channels = min(configs[0].num_sms, buf._native.sm_budget) // 2 * buf._native.internode_channels_per_block
         refs = reference_dispatch(case, n, d, inputs, channels)
         grad, _ = combine_inputs(case, n, me, refs[me].num_recv)
         cached_refs = reference_dispatch(case, n, d, inputs, channels, x_override=grad_out)

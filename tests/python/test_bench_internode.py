@@ -11,6 +11,9 @@ from turnout.bench import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS
 from turnout.bench.__main__ import main, parse_args
 from turnout.bench.internode import (
     DOMAIN_ENV,
+    MAIN_SMS,
+    RDMA_RECV,
+    RDMA_SEND,
     declared_domain_size,
     finish,
     make_row,
@@ -124,6 +127,23 @@ def test_wire_rows_put_the_protocols_side_by_side():
     assert fp8["ratio_per_rank"] == pytest.approx(fp8["per_rank_bytes"] / fp8["turnout_bytes"]) and \
         fp8["ratio_per_rank"] >= 1
     assert rows["dispatch BF16"]["turnout_bytes"] > fp8["turnout_bytes"]
+
+
+def test_wire_rows_count_turnouts_puts_over_its_channels_per_block():
+    in_rank = routing(8, 4, seed=5, empty_rank=-1)
+    shape = dict(SHAPE_OPTIONS["internode"], hidden=256)
+    one = {r["op"]: r for r in wire_rows(in_rank, 0, 4, shape)}
+    three = {r["op"]: r for r in wire_rows(in_rank, 0, 4, shape, channels_per_block=3)}
+    common = dict(rank=0, num_nvl_ranks=4, row_bytes=256, num_scales=2, num_topk=shape["topk"], hidden=256)
+    ours = network_counts(in_rank, **common, num_channels=MAIN_SMS // 2 * 3, chunk_tokens=min(RDMA_SEND,
+                                                                                             RDMA_RECV // 3))
+    fp8 = three["dispatch FP8"]
+    assert fp8["turnout_messages"] == ours["dispatch_turnout_messages"] >= one["dispatch FP8"]["turnout_messages"]
+    # Bytes do not depend on channels, and DeepEP's protocol keeps its own.
+    for op in one:
+        assert three[op]["turnout_bytes"] == one[op]["turnout_bytes"]
+        assert (three[op]["deepep_bytes"], three[op]["deepep_messages"]) == \
+            (one[op]["deepep_bytes"], one[op]["deepep_messages"])
 
 
 @pytest.mark.parametrize("env, match", [

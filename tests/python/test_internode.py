@@ -28,8 +28,9 @@ class InternodeNative:
     """Records each call by keyword after checking its names against the
     binding; the counts step answers ``answer`` (num_recv, num_forward, per expert)."""
 
-    def __init__(self, sm_budget=132, answer=(7, 5, [3, 4])):
+    def __init__(self, sm_budget=132, answer=(7, 5, [3, 4]), channels_per_block=1):
         self.sm_budget = sm_budget
+        self.internode_channels_per_block = channels_per_block
         self.answer = answer
         self.calls = []
         self.destroyed = False
@@ -210,6 +211,10 @@ def test_channels_follow_the_sm_budget(monkeypatch):
     context = make_context(native=InternodeNative(sm_budget=8))
     handle = run_dispatch(context)[4]
     assert handle[1].shape == (2, 4)
+    # Block pairs of three channels each: three times the channels.
+    context = make_context(native=InternodeNative(sm_budget=8, channels_per_block=3))
+    handle = run_dispatch(context)[4]
+    assert handle[1].shape == (2, 12) and context.native.calls[0][1]["num_channels"] == 12
     # A combine config of other channels than the dispatch's is refused by name.
     context.native.sm_budget = 132
     with pytest.raises(ValueError, match="config"):

@@ -102,19 +102,27 @@ def check_shape(shape: Dict[str, int], num_ranks: int) -> None:
         raise Refused(f"internode: --topk ({shape['topk']}) exceeds --experts ({shape['experts']})")
 
 
-def wire_rows(in_ranks, rank: int, domain: int, shape: Dict[str, int]) -> List[Dict]:
-    """This rank's network rows, one per op, with the MAIN_SMS config's channels and chunks."""
+def wire_rows(in_ranks, rank: int, domain: int, shape: Dict[str, int], channels_per_block: int = 1) -> List[Dict]:
+    """This rank's network rows, one per op, with the MAIN_SMS config's
+    channels and chunks: DeepEP's a channel per two SMs, turnout's
+    ``channels_per_block`` times as many, each with that share of the ring
+    (so puts of at most RDMA_RECV // channels_per_block tokens)."""
     hidden, topk = shape["hidden"], shape["topk"]
-    common = dict(rank=rank, num_nvl_ranks=domain, num_topk=topk, hidden=hidden, num_channels=MAIN_SMS // 2,
-                  chunk_tokens=RDMA_SEND)
-    by_format = {"BF16": network_counts(in_ranks, row_bytes=2 * hidden, num_scales=0, **common),
-                 "FP8": network_counts(in_ranks, row_bytes=hidden, num_scales=hidden // SCALE_GROUP, **common)}
+    common = dict(rank=rank, num_nvl_ranks=domain, num_topk=topk, hidden=hidden)
+    turnout_channels = dict(num_channels=MAIN_SMS // 2 * channels_per_block,
+                            chunk_tokens=min(RDMA_SEND, RDMA_RECV // channels_per_block))
+    deepep_channels = dict(num_channels=MAIN_SMS // 2, chunk_tokens=RDMA_SEND)
+    formats = {"BF16": dict(row_bytes=2 * hidden, num_scales=0),
+               "FP8": dict(row_bytes=hidden, num_scales=hidden // SCALE_GROUP)}
+    by_format = {fmt: (network_counts(in_ranks, **common, **args, **turnout_channels),
+                       network_counts(in_ranks, **common, **args, **deepep_channels))
+                 for fmt, args in formats.items()}
     rows = []
     for op, fmt, key in (("dispatch BF16", "BF16", "dispatch"), ("dispatch FP8", "FP8", "dispatch"),
                          ("combine BF16", "BF16", "combine")):
-        counts = by_format[fmt]
-        row = {f"{p}_{what}": counts[f"{key}_{p}_{what}"] for p in ("turnout", "deepep", "per_rank")
-               for what in ("bytes", "messages")}
+        counts = by_format[fmt][0]
+        row = {f"{p}_{what}": by_format[fmt][p == "deepep"][f"{key}_{p}_{what}"]
+               for p in ("turnout", "deepep", "per_rank") for what in ("bytes", "messages")}
         ours = row["turnout_bytes"]
         row.update(ratio_deepep=ours / row["deepep_bytes"] if row["deepep_bytes"] else None,
                    ratio_per_rank=row["per_rank_bytes"] / ours if ours else None,
@@ -175,7 +183,7 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int], doma
         in_rank = buffer.get_dispatch_layout(data[0], shape["experts"])[3].cpu()
         in_ranks = [None] * world_size
         dist.all_gather_object(in_ranks, in_rank)
-        rows += wire_rows(in_ranks, rank, domain, shape)
+        rows += wire_rows(in_ranks, rank, domain, shape, buffer._native.internode_channels_per_block)
         progress.close()
     finally:
         buffer.destroy()

@@ -13,8 +13,10 @@ from .streams import OpStreams
 
 
 def num_channels(context: OpContext, config) -> int:
-    """The channels a call runs: half its SMs, within the buffer's SM budget."""
-    return min(config.num_sms, context.native.sm_budget) // 2
+    """The channels a call runs: a block pair per two of its SMs (within the
+    buffer's SM budget), each running the native's channels per block."""
+    native = context.native
+    return min(config.num_sms, native.sm_budget) // 2 * native.internode_channels_per_block
 
 
 def require_domains(context: OpContext, op: str) -> None:

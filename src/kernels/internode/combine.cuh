@@ -176,7 +176,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
   const int D = p.peers.num_nvl_ranks;
   const int d = p.peers.rank / D, n = p.peers.rank % D, pe = s * D + n;
   const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
-  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
   const int n16 = a.hidden * 2 / 16;
   char* local = net.local();
   void* self = p.peers.buffers[n];
@@ -190,18 +190,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
   __shared__ const char* s_sum[32][kMaxNvlRanks];
   int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
   int placed = 0, put = 0;
-  const auto flush = [&] {
-    if (put == placed) return;
-    const int total = placed - put;
-    while (put < placed) {
-      const int first = put % Q, run = min(placed - put, Q - first);
-      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, s, first),
-                   static_cast<int64_t>(run) * p.slot.bytes);
-      put += run;
-    }
-    __syncwarp();
-    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(total));
-  };
+  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, s, put, placed, lane); };
   bool ok = true;
   for (int i = 0; ok && i < count; ++i) {
     // The local ranks the token went to, from handle [9].
@@ -262,7 +251,7 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const int d = p.peers.rank / D, n = p.peers.rank % D;
   const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
-  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
   const int n16 = a.hidden * 2 / 16;
   char* local = net.local();
   void* self = p.peers.buffers[n];
@@ -368,24 +357,27 @@ __global__ void __launch_bounds__(kMaxThreads, 1) internode_combine_kernel(Combi
       device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.args.handle.num_recv, 0, 2, 0);
     return;
   }
-  const int c = blockIdx.x / 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp w runs role w % W of channel (blockIdx.x / 2) K + w / W.
+  const int W = N > D ? N : D, K = channels_per_block(N, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
+  const int c = blockIdx.x / 2 * K + warp / W;
   if (blockIdx.x % 2 == 0) {
-    if (warp < D) send_rows(p, c, warp, lane);
-  } else if (warp == d) {
+    if (role < D) send_rows(p, c, role, lane);
+  } else if (role == d) {
     reduce_final<kWords>(p, net, c, lane);
-  } else if (warp < N) {
-    reduce_for<kWords>(p, net, c, warp, lane);
+  } else if (role < N) {
+    reduce_for<kWords>(p, net, c, role, lane);
   }
 }
 
 template <NetTransport T>
 void launch_combine_on(const CombineParams& p, const T& net, cudaStream_t stream) {
-  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
-  const int threads = 32 * (N > D ? N : D);
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, K = channels_per_block(N, D);
+  const int blocks = 2 * (p.net.shape.num_channels / K), threads = 32 * K * (N > D ? N : D);
   if (threads <= 512)
-    internode_combine_kernel<T, 512><<<2 * p.net.shape.num_channels, threads, 0, stream>>>(p, net);
+    internode_combine_kernel<T, 512><<<blocks, threads, 0, stream>>>(p, net);
   else
-    internode_combine_kernel<T, 1024><<<2 * p.net.shape.num_channels, threads, 0, stream>>>(p, net);
+    internode_combine_kernel<T, 1024><<<blocks, threads, 0, stream>>>(p, net);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -108,24 +108,13 @@ __device__ void send(const DispatchParams& p, const T& net, int c, int e, int la
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const int d = p.peers.rank / D, n = p.peers.rank % D, pe = e * D + n;
   const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots;
-  const int chunk = a.config.num_max_rdma_chunked_send_tokens;
+  // A channel's ring may have fewer slots than a chunk (1/K of the config's).
+  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
   const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
   char* local = net.local();
   const int32_t* head = ints(local, p.net.head(c, e));
   int placed = 0, put = 0;  // tokens numbered (staged when e is far), tokens put
-  // Puts the staged run [put, placed) (two puts where it wraps the ring) and arrives.
-  const auto flush = [&] {
-    if (put == placed) return;
-    const int count = placed - put;
-    while (put < placed) {
-      const int first = put % Q, run = min(placed - put, Q - first);
-      net.put_warp(pe, p.net.recv_slot(c, d, first), local + p.net.stage_slot(c, e, first),
-                   static_cast<int64_t>(run) * p.slot.bytes);
-      put += run;
-    }
-    __syncwarp();
-    if (lane == 0) net.arrive(pe, p.net.tail(c, d), static_cast<uint32_t>(count));
-  };
+  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, e, put, placed, lane); };
   bool ok = true;
   for (int base = begin; ok && base < end; base += 32) {
     const int t_lane = base + lane;
@@ -162,7 +151,7 @@ __device__ void forward(const DispatchParams& p, const T& net, int c, int s, int
   const int D = p.peers.num_nvl_ranks;
   const int d = p.peers.rank / D, n = p.peers.rank % D;
   const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
-  const int credit_chunk = a.config.num_max_rdma_chunked_send_tokens;
+  const int credit_chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
   char* local = net.local();
   void* self = p.peers.buffers[n];
   const int32_t* recv_prefix = h.recv_rdma_channel_prefix_matrix + s * C;
@@ -290,7 +279,7 @@ __device__ void fill_padding(const DispatchParams& p, bool failed) {
   const InternodeDispatchArgs& a = p.args;
   const InternodeHandle& h = a.handle;
   const int R = p.peers.num_ranks, N = R / p.peers.num_nvl_ranks, pair = blockIdx.x / 2;
-  const int C = p.net.shape.num_channels;
+  const int pairs = static_cast<int>(gridDim.x) / 2;
   if (failed && pair == 0 && !a.cached)
     for (int e = threadIdx.x; e < N; e += blockDim.x) h.recv_rdma_rank_prefix_sum[e] = -1;
   if (a.num_worst_tokens == 0) return;
@@ -298,7 +287,7 @@ __device__ void fill_padding(const DispatchParams& p, bool failed) {
   const int64_t per_row = 2 + a.num_topk;
   const int64_t total = (h.num_recv - static_cast<int64_t>(num_recv)) * per_row;
   for (int64_t i = pair * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(C) * blockDim.x) {
+       i += static_cast<int64_t>(pairs) * blockDim.x) {
     const int64_t row = num_recv + i / per_row;
     const int k = static_cast<int>(i % per_row);
     if (k < 2) {
@@ -318,23 +307,27 @@ __global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchPar
   if (device::wait_abandoned(p.ctx.errors)) return;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const bool failed = device::load_volatile(ints(p.peers.buffers[p.peers.rank % D], p.nvl.status)) != 0;
-  const int c = blockIdx.x / 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp w runs role w % W of channel (blockIdx.x / 2) K + w / W.
+  const int W = dispatch_block_warps(N, D), K = channels_per_block(N, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
+  const int c = blockIdx.x / 2 * K + warp / W;
   if (blockIdx.x % 2 == 1) {
     fill_padding(p, failed);
-    if (!failed && warp < N) forward(p, net, c, warp, lane);
+    if (!failed && role < N) forward(p, net, c, role, lane);
     return;
   }
   if (failed) return;
-  if (warp < N)
-    send(p, net, c, warp, lane);
-  else if (warp < N + D)
-    receive(p, c, warp - N, lane);
+  if (role < N)
+    send(p, net, c, role, lane);
+  else
+    receive(p, c, role - N, lane);
 }
 
 template <NetTransport T>
 void launch_dispatch_on(const DispatchParams& p, const T& net, cudaStream_t stream) {
-  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
-  internode_dispatch_kernel<T><<<2 * p.net.shape.num_channels, 32 * dispatch_block_warps(N, D), 0, stream>>>(p, net);
+  const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, K = channels_per_block(N, D);
+  internode_dispatch_kernel<T>
+      <<<2 * (p.net.shape.num_channels / K), 32 * K * dispatch_block_warps(N, D), 0, stream>>>(p, net);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

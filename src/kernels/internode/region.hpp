@@ -39,6 +39,36 @@ struct Shape {
   int slot_bytes = 0;         // one token in a ring slot
 };
 
+// A block pair runs the warps of K channels side by side: a channel's
+// stages are one warp each and a token waits for each of them in turn, so
+// more channels keep more tokens in flight on the same SMs. K is as large as
+// 32 warps a block allow (a dispatch channel has N + D warps), at most
+// kMaxChannelsPerBlock; each channel gets 1/K of the config's ring slots, so
+// the regions keep their size.
+inline constexpr int kMaxChannelsPerBlock = 4;
+
+__host__ __device__ inline int channels_per_block(int num_domains, int num_nvl_ranks) {
+  const int k = kMaxBlockWarps / (num_domains + num_nvl_ranks);
+  return k < 1 ? 1 : (k > kMaxChannelsPerBlock ? kMaxChannelsPerBlock : k);
+}
+
+// The shape of a call on num_sms SMs: num_sms / 2 block pairs of K channels,
+// each channel with 1/K of the config's network (net_slots) and NVL
+// (nvl_slots) ring slots.
+inline Shape make_shape(int num_domains, int num_nvl_ranks, int num_sms, int net_slots, int nvl_slots,
+                        int num_local_experts, int slot_bytes) {
+  const int k = channels_per_block(num_domains, num_nvl_ranks);
+  Shape s;
+  s.num_domains = num_domains;
+  s.num_nvl_ranks = num_nvl_ranks;
+  s.num_channels = num_sms / 2 * k;
+  s.num_local_experts = num_local_experts;
+  s.net_slots = net_slots / k;
+  s.nvl_slots = nvl_slots / k;
+  s.slot_bytes = slot_bytes;
+  return s;
+}
+
 // Where the parts of a counts message start, in ints from its start.
 struct MessageLayout {
   int per_rank, per_channel, per_expert, domain_channels;

@@ -10,6 +10,8 @@
 #include <concepts>
 #include <cstdint>
 
+#include "kernels/internode/region.hpp"
+
 namespace turnout::kernels::internode {
 
 template <class T>
@@ -28,5 +30,24 @@ concept NetTransport =
       // Every put and atomic of this thread has completed (before a kernel ends).
       t.quiet();
     };
+
+// Warp-wide: the staged slots [put, placed) of this rank's stage ring
+// (c, to) go to the same slots of ring (c, from) at peer `pe` (two puts where
+// the run wraps the ring), then one arrive on that ring's tail counts them.
+// `put` ends at `placed`.
+template <NetTransport T>
+__device__ __forceinline__ void put_staged(const T& net, const NetRegion& r, int slot_bytes, int pe, int c, int from,
+                                           int to, int& put, int placed, int lane) {
+  if (put == placed) return;
+  const int count = placed - put, Q = r.shape.net_slots;
+  while (put < placed) {
+    const int first = put % Q, run = placed - put < Q - first ? placed - put : Q - first;
+    net.put_warp(pe, r.recv_slot(c, from, first), net.local() + r.stage_slot(c, to, first),
+                 static_cast<int64_t>(run) * slot_bytes);
+    put += run;
+  }
+  __syncwarp();
+  if (lane == 0) net.arrive(pe, r.tail(c, from), static_cast<uint32_t>(count));
+}
 
 }  // namespace turnout::kernels::internode

@@ -22,15 +22,14 @@ int num_domains(const BufferShape& shape) {
   return shape.num_ranks / shape.num_nvl_ranks;
 }
 
+int channels_per_block(const BufferShape& shape) {
+  return ki::channels_per_block(num_domains(shape), shape.num_nvl_ranks);
+}
+
 Regions regions(const BufferShape& shape, const Config& config, int num_local_experts, int slot_bytes) {
-  ki::Shape s;
-  s.num_domains = num_domains(shape);
-  s.num_nvl_ranks = shape.num_nvl_ranks;
-  s.num_channels = shape.num_sms / 2;
-  s.num_local_experts = num_local_experts;
-  s.net_slots = config.num_max_rdma_chunked_recv_tokens;
-  s.nvl_slots = config.num_max_nvl_chunked_recv_tokens;
-  s.slot_bytes = slot_bytes;
+  const ki::Shape s =
+      ki::make_shape(num_domains(shape), shape.num_nvl_ranks, shape.num_sms, config.num_max_rdma_chunked_recv_tokens,
+                     config.num_max_nvl_chunked_recv_tokens, num_local_experts, slot_bytes);
   return {ki::make_net_region(s), ki::make_nvl_region(s)};
 }
 
@@ -92,19 +91,28 @@ void check_config(const char* op, const Config& c, const BufferShape& shape) {
             return "config needs 1 <= num_max_rdma_chunked_send_tokens <= num_max_rdma_chunked_recv_tokens, got " +
                    str(c.num_max_rdma_chunked_send_tokens) + " and " + str(c.num_max_rdma_chunked_recv_tokens);
           });
-  require(c.num_max_nvl_chunked_recv_tokens >= num_domains(shape), op, [&] {
-    return "config.num_max_nvl_chunked_recv_tokens must be at least the number of NVL domains " +
-           str(num_domains(shape)) + " (combine splits each NVL ring per source domain), got " +
+  // A block pair runs K channels, each with 1/K of the rings' slots.
+  const int k = channels_per_block(shape);
+  require(c.num_max_nvl_chunked_recv_tokens >= num_domains(shape) * k, op, [&] {
+    return "config.num_max_nvl_chunked_recv_tokens must be at least " + str(num_domains(shape) * k) + " (the " +
+           str(num_domains(shape)) + " NVL domains times the " + str(k) +
+           " channels a block runs: each channel's NVL ring is split per source domain), got " +
            str(c.num_max_nvl_chunked_recv_tokens);
+  });
+  require(c.num_max_rdma_chunked_recv_tokens >= k, op, [&] {
+    return "config.num_max_rdma_chunked_recv_tokens must be at least " + str(k) + " (the channels a block runs), got " +
+           str(c.num_max_rdma_chunked_recv_tokens);
   });
 }
 
 void check_handle(const char* op, const InternodeHandle& h, const BufferShape& shape, bool counts_written) {
   require(h.num_tokens >= 0 && h.num_recv >= 0 && h.num_forward >= 0, op,
           "the handle's token, receive and forward counts must be >= 0");
-  require(h.num_channels == shape.num_sms / 2, op, [&] {
-    return "the handle was made with " + str(h.num_channels) + " channels, this call runs " + str(shape.num_sms / 2) +
-           " (config.num_sms / 2, within the SM budget): pass the dispatch's config";
+  const int channels = shape.num_sms / 2 * channels_per_block(shape);
+  require(h.num_channels == channels, op, [&] {
+    return "the handle was made with " + str(h.num_channels) + " channels, this call runs " + str(channels) +
+           " (config.num_sms / 2 block pairs within the SM budget, " + str(channels_per_block(shape)) +
+           " channels each): pass the dispatch's config";
   });
   require(h.num_tokens == 0 || h.is_token_in_rank, op, "handle[0] (is_token_in_rank) must be given");
   require(h.rdma_channel_prefix_matrix && h.gbl_channel_prefix_matrix && h.recv_rdma_channel_prefix_matrix &&
@@ -213,3 +221,11 @@ Regions check_combine(const InternodeCombineArgs& a, const BufferShape& shape) {
 }
 
 }  // namespace turnout::internode
+
+namespace turnout {
+
+int internode_channels_per_block(int num_domains, int num_nvl_ranks) {
+  return kernels::internode::channels_per_block(num_domains, num_nvl_ranks);
+}
+
+}  // namespace turnout
