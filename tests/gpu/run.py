@@ -7,9 +7,9 @@ at least one check between them (``harness`` counts asserts and helpers); it
 is skipped, with its reason, when a rank raises ``harness.Skipped``. Ranks go
 round-robin over the visible GPUs; where they share one, an MPS daemon of the
 run's own serves them (``turnout.gpu_sharing``) and is stopped at the end,
-also when a test fails, hangs or the run is interrupted. Workers, and the
-test jobs they start, die with this process, also when it is SIGKILLed
-(Linux: ``die_with_parent``). A watchdog in this
+also when a test fails, hangs or the run is interrupted (Ctrl-C, SIGTERM,
+SIGHUP). Workers, and the test jobs they start, die with this process, also
+when it is SIGKILLed (Linux: ``die_with_parent``). A watchdog in this
 (parent) process gives each test a deadline (``fn.timeout`` seconds, default
 180): a test that hangs is killed with its workers, counted as failed, and the
 run goes on with fresh workers from the next test.
@@ -40,6 +40,9 @@ DEFAULT_TIMEOUT_S = 180.0
 MIN_DEFAULT_RANKS = 4
 PARENT_ENV = "TURNOUT_TEST_RUNNER_PID"  # the run's pid, for a worker's die_with_parent
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Signals that end the run through SystemExit, so its cleanup runs: SIGTERM
+# (`timeout`, a scheduler) and SIGHUP (a closed terminal). Ctrl-C already raises.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def discover(pattern: str, exclude: str = ""):
@@ -317,6 +320,22 @@ def main() -> int:
         for m, n, t in tests:
             print(f"{m}::{n} (timeout {t:.0f} s)")
         return 0
+    from turnout.gpu_sharing import signals_raise
+
+    # By default these signals would end this process at once, leaving the
+    # workers (in sessions of their own) running: raised, the cleanup runs.
+    try:
+        with signals_raise(*ENDING_SIGNALS):
+            return run_suite(tests, args.ranks)
+    except SystemExit as e:
+        if e.code in {128 + sig for sig in ENDING_SIGNALS}:
+            print(f"GPU suite: ended by {signal.Signals(e.code - 128).name}", flush=True)
+        raise
+
+
+def run_suite(tests, ranks) -> int:
+    """Runs the tests with ``ranks`` ranks (None: the default) over the visible
+    GPUs; 0 when none failed and one passed."""
     import torch
 
     from turnout.gpu_sharing import shared_gpus
@@ -326,7 +345,7 @@ def main() -> int:
         print("no CUDA device visible: no GPU test can run")
         print("0 passed, 1 failed, 0 skipped")
         return 1
-    world_size = args.ranks or default_ranks(num_devices)
+    world_size = ranks or default_ranks(num_devices)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     t0 = time.time()
     with shared_gpus(world_size, num_devices) as placement:

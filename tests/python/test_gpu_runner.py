@@ -1,8 +1,8 @@
 """The GPU suite's runner (tests/gpu/run.py) reads its ranks' reports through
 one thread per rank, so the reports of different ranks arrive in any order.
 Driven here with made-up reports, no GPU or worker process. Then its
-processes: killed, the run leaves no worker or test job behind (driven with
-stand-in workers, still no GPU)."""
+processes: signaled or killed, the run leaves no worker or test job behind
+(driven with stand-in workers, still no GPU)."""
 import os
 import queue
 import select
@@ -129,6 +129,43 @@ _, status = os.waitpid(child, 0)
 print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}", flush=True)
 """
 
+# run.py's main() with stand-ins for torch, the test discovery and the workers
+# (a `sleep` started as run.py starts a worker, which never reports), so it
+# waits on its first test until signaled; it says so once it waits, within
+# run_tests' cleanup. The package is the checkout's gpu_sharing, not an
+# installed wheel's: no GPU or build needed.
+SIGNALED_RUN = """
+import os, queue, sys, types
+root = sys.argv[1]
+turnout = types.ModuleType("turnout")
+turnout.__path__ = [os.path.join(root, "python", "turnout")]
+sys.modules["turnout"] = turnout
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(device_count=lambda: 1)
+sys.modules["torch"] = torch
+sys.path.insert(0, os.path.join(root, "tests", "gpu"))
+import run
+
+
+class Events(queue.Queue):
+    def get(self, *args, **kwargs):
+        print("waiting on worker", worker.pid, flush=True)
+        return super().get(*args, **kwargs)
+
+
+def launch(world_size, tests_arg, start, placement):
+    global worker
+    worker = run.start_worker(["sleep", "60"])
+    return [worker], Events()
+
+
+run.discover = lambda pattern, exclude="": [("mod", "test_a", 60.0)]
+run.launch = launch
+sys.argv = ["run.py", "--ranks", "1"]
+sys.exit(run.main())
+"""
+
+
 def gone_soon(pid: int) -> bool:
     """Dying takes a moment after the signal; a zombie counts as gone."""
     deadline = time.monotonic() + WAIT_S
@@ -193,3 +230,29 @@ def test_a_child_forked_from_a_worker_dies_alone_on_sigterm():
         assert out.strip() == str(int(signal.SIGTERM)), out
     finally:
         leave_nothing(worker)
+
+
+@linux_only
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signaled_run_kills_its_workers_and_says_so(signum):
+    """`timeout` (SIGTERM) or a closed terminal (SIGHUP) ends run.py: its
+    cleanup must still kill the workers' process groups, also in a run with
+    no GPU shared, hence no MPS daemon (whose SIGTERM handler the run had)."""
+    run_proc = subprocess.Popen([sys.executable, "-c", SIGNALED_RUN, str(ROOT)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        while True:
+            line = read_line(run_proc)
+            assert line, f"the run ended early; stderr: {run_proc.stderr.read()}"
+            if line.startswith("waiting on worker "):
+                worker = int(line.split()[-1])
+                break
+        assert process_alive(worker)
+        run_proc.send_signal(signum)
+        out, err = run_proc.communicate(timeout=WAIT_S)
+        assert run_proc.returncode == 128 + signum, f"exit {run_proc.returncode}; stderr: {err}"
+        assert f"GPU suite: ended by {signal.Signals(signum).name}" in out, out
+        assert gone_soon(worker), "the worker outlived the run"
+    finally:
+        leave_nothing(run_proc, *([worker] if worker else []))
