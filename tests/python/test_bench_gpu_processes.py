@@ -4,14 +4,18 @@ PATH, prints given lines. Quiet GPUs give no warning; a foreign process is
 named in the header's warning and in the JSON; the bench's own processes and
 other GPUs' are left out; an MPS server alone is a labelled note; a missing,
 failing, hanging or garbled nvidia-smi gives "unknown", never an exception."""
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
+import types
 
 import pytest
 
-from turnout.bench import gpu_processes
+from turnout.bench import __main__ as bench_main
+from turnout.bench import gpu_processes, report
 from turnout.gpu_sharing import process_alive
 
 GPU0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
@@ -144,3 +148,55 @@ def test_hanging_nvidia_smi_is_unknown_within_its_timeout(tmp_path, monkeypatch)
     while process_alive(sleeper) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not process_alive(sleeper)
+
+
+def fake_subcommand(tmp_path):
+    """A subcommand of one row that, while it runs, lets the fake nvidia-smi
+    list a second foreign process."""
+    def run(num_ranks, quick):
+        printing_more = (tmp_path / "answer.txt").read_text() + line(GPU1, OTHER_PID, 700, "stray") + "\n"
+        (tmp_path / "answer.txt").write_text(printing_more)
+        return [{"figure": "pair", "time_us": 68.0}]
+    return types.SimpleNamespace(TITLE="fake", COLUMNS=[report.column("figure", "figure")], run=run)
+
+
+def test_bench_header_and_json_name_the_foreign_process(tmp_path, monkeypatch, capsys):
+    printing(tmp_path, monkeypatch, line(GPU0, os.getpid(), 500, "python"), line(GPU0, FOREIGN_PID, 1200, "python"))
+    machine = {"gpus": ["H100"] * 2, "count": 2, "torch": "x", "cuda": "x", "ranks": 2, "ranks_share_gpus": False,
+               "gpus_label": "H100"}
+    monkeypatch.setattr(report, "machine_info", lambda ranks: machine)
+    monkeypatch.setattr(gpu_processes, "bench_gpus", lambda ranks, count: [GPU0, GPU1])
+    monkeypatch.setitem(sys.modules, "turnout.bench.ceiling", fake_subcommand(tmp_path))
+    out = tmp_path / "bench.json"
+    assert bench_main.main(["ceiling", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    # The header, above the table: the process seen at the start only.
+    assert printed[0].startswith("WARNING: other processes ran on these GPUs")
+    assert printed[0].endswith("(seen at the start)")
+    assert f"{FOREIGN_PID} python 1200 MiB" in printed[0] and str(OTHER_PID) not in printed[0]
+    assert printed.index("fake") > 0
+    # After the tables: both.
+    [end] = [text for text in printed if text.endswith("(seen at the end)")]
+    assert printed.index(end) > printed.index("fake") and f"{OTHER_PID} stray 700 MiB" in end
+    doc = json.loads(out.read_text())["other_gpu_processes"]
+    assert doc["gpus"] == [GPU0, GPU1]
+    assert [p["pid"] for p in doc["start"]] == [FOREIGN_PID]
+    assert [(p["pid"], p["name"], p["used_mib"]) for p in doc["end"]] == [(FOREIGN_PID, "python", 1200),
+                                                                         (OTHER_PID, "stray", 700)]
+
+
+def test_bench_without_nvidia_smi_says_unknown_and_runs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    machine = {"gpus": [], "count": 0, "torch": "x", "cuda": None, "ranks": 4, "ranks_share_gpus": True,
+               "gpus_label": ""}
+    monkeypatch.setattr(report, "machine_info", lambda ranks: machine)
+    monkeypatch.setitem(sys.modules, "turnout.bench.ceiling", types.SimpleNamespace(
+        TITLE="fake", COLUMNS=[report.column("figure", "figure")], run=lambda num_ranks, quick: []))
+    out = tmp_path / "bench.json"
+    assert bench_main.main(["ceiling", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "other processes on these GPUs at the start: unknown (nvidia-smi not found)" in printed
+    assert "WARNING" not in printed
+    doc = json.loads(out.read_text())["other_gpu_processes"]
+    assert doc == {"gpus": "all", "start": "unknown (nvidia-smi not found)", "end": "unknown (nvidia-smi not found)"}
