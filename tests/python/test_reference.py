@@ -582,6 +582,6 @@ def test_normal_dispatch_only_rank_keeps_one_ranks_rows():
             np.testing.assert_array_equal(some[r].recv_x, full[r].recv_x)
         else:
             with pytest.raises(ValueError, match="only_rank"):
-                getattr(some[r], "recv_x")
+                _ = some[r].recv_x
     with pytest.raises(ValueError, match="rows_for_rank"):
         ref.normal_dispatch(*args, only_rank=num_ranks)
