@@ -51,6 +51,25 @@ def time_graph(fn: Callable[[], object], calls: int, replays: int) -> float:
     return start.elapsed_time(end) * 1e3 / (replays * calls)
 
 
+def time_back_to_back(fn: Callable[[], object], calls: int, warmup: int) -> float:
+    """Microseconds per call of ``calls`` eager calls of ``fn`` issued back to
+    back between two CUDA events, nothing flushed or synced in between: where
+    the host is slower than the GPU, this is the host's time per call (how
+    DeepEP's tests time get_dispatch_layout)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def time_parts(parts: Sequence[Callable[[], object]], iters: int, warmup: int,
                before: Optional[Callable[[], object]] = None,
                between: Optional[Callable[[], object]] = None) -> List[List[float]]:
