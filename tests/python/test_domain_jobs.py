@@ -1,26 +1,8 @@
 """The GPU domains test's choice of jobs (tests/gpu/test_low_latency_domains.py):
 by the run's ranks, and as the environment narrows it."""
-import importlib.util
-import sys
-from pathlib import Path
+from gpu_modules import load_gpu_module
 
-GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
-
-
-def load_domains_test():
-    """The GPU test module under a name of its own, with tests/gpu on the
-    path only while it loads (tests/gpu has a test_low_latency.py too)."""
-    spec = importlib.util.spec_from_file_location("gpu_low_latency_domains", GPU_TESTS / "test_low_latency_domains.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(GPU_TESTS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(GPU_TESTS))
-    return module
-
-
-domains = load_domains_test()
+domains = load_gpu_module("gpu_low_latency_domains", "test_low_latency_domains.py")
 
 
 def shapes(jobs):

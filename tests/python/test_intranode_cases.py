@@ -2,31 +2,12 @@
 checked on the CPU: the combine reference that makes only the rows holding a
 rank's tokens gives the C++ reference's sums over every rank's whole input,
 bit for bit, and no two rows of a rank's combine input are equal."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from gpu_modules import load_gpu_module
 
-GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
-
-
-def load_cases():
-    """tests/gpu/intranode_cases.py under a name of its own, with tests/gpu on
-    the path only while it loads."""
-    spec = importlib.util.spec_from_file_location("gpu_intranode_cases", GPU_TESTS / "intranode_cases.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(GPU_TESTS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(GPU_TESTS))
-    return module
-
-
-ic = load_cases()
+ic = load_gpu_module("gpu_intranode_cases", "intranode_cases.py")
 ref = pytest.importorskip("turnout_reference")
 
 
