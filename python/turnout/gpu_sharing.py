@@ -171,8 +171,9 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM ends the block through SystemExit, so its cleanup runs (main thread only)."""
+def signals_raise(*signums: int) -> Iterator[None]:
+    """Each of ``signums`` ends the block through SystemExit(128 + signum), so
+    its cleanup runs (main thread only). tests/gpu/run.py's too."""
     if not _main_thread():
         yield
         return
@@ -180,11 +181,12 @@ def _sigterm_raises() -> Iterator[None]:
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _stop_undisturbed(daemon: MpsDaemon) -> None:
@@ -249,7 +251,7 @@ def shared_gpus(num_ranks: int, num_devices: int,
         yield placement
         return
     daemon: Optional[MpsDaemon] = MpsDaemon(control)
-    with _sigterm_raises():
+    with signals_raise(signal.SIGTERM):
         try:
             daemon.start()
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:

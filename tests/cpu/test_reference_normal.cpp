@@ -205,6 +205,36 @@ TEST(ReferenceNormalCombine, TwoRanksByHand) {
   EXPECT_TRUE(biased[0].combined_topk_weights.empty());
 }
 
+TEST(ReferenceNormal, RowsForOneRankKeepEverythingElse) {
+  const RandomCase c = make_random_case(3, 4, 16, 4, 256);
+  const auto all = ref::normal_dispatch(c.inputs, random_params(c, 8));
+  for (int only = 0; only < c.num_ranks; ++only) {
+    ref::NormalDispatchParams params = random_params(c, 8);
+    params.rows_for_rank = only;
+    const auto some = ref::normal_dispatch(c.inputs, params);
+    for (int dst = 0; dst < c.num_ranks; ++dst) {
+      ASSERT_GT(all[dst].num_recv, 0);
+      EXPECT_EQ(some[dst].num_recv, all[dst].num_recv);
+      EXPECT_EQ(some[dst].recv_src_rank, all[dst].recv_src_rank);
+      EXPECT_EQ(some[dst].recv_src_idx, all[dst].recv_src_idx);
+      EXPECT_EQ(some[dst].recv_topk_idx, all[dst].recv_topk_idx);
+      EXPECT_EQ(some[dst].recv_topk_weights, all[dst].recv_topk_weights);
+      EXPECT_EQ(some[dst].num_recv_tokens_per_expert, all[dst].num_recv_tokens_per_expert);
+      EXPECT_EQ(some[dst].rank_prefix_matrix, all[dst].rank_prefix_matrix);
+      if (dst == only) {
+        EXPECT_EQ(some[dst].recv_x, all[dst].recv_x);
+      } else {
+        EXPECT_TRUE(some[dst].recv_x.empty());
+      }
+    }
+  }
+  ref::NormalDispatchParams bad = random_params(c, 1);
+  for (int rank : {-2, c.num_ranks}) {
+    bad.rows_for_rank = rank;
+    EXPECT_THROW(ref::normal_dispatch(c.inputs, bad), std::invalid_argument);
+  }
+}
+
 TEST(ReferenceNormal, RandomDispatchMatchesLayout) {
   for (uint32_t seed = 1; seed <= 6; ++seed) {
     const RandomCase c = make_random_case(seed, 4, 16, 4, 256);

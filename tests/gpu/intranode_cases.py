@@ -2,6 +2,7 @@
 other rank (seeded per rank), the host reference over all ranks, the checks
 of one rank's results against it, and a whole round trip checked."""
 import dataclasses
+import functools
 from typing import Optional, Tuple
 
 import numpy as np
@@ -78,8 +79,9 @@ def x_bytes(x) -> np.ndarray:
     return data.contiguous().view(torch.uint8).numpy()
 
 
-def reference_dispatch(case: Case, n: int, all_inputs, x_override=None):
-    """Every rank's reference dispatch result (x_override: other x, same routing)."""
+def reference_dispatch(case: Case, n: int, all_inputs, x_override=None, only_rank: int = -1):
+    """Every rank's reference dispatch result (x_override: other x, same routing;
+    only_rank >= 0: only that rank's result keeps its rows, the checked ones)."""
     xs = x_override if x_override is not None else [i.x for i in all_inputs]
     return turnout_reference.normal_dispatch(
         [x_bytes(x) for x in xs],
@@ -87,7 +89,7 @@ def reference_dispatch(case: Case, n: int, all_inputs, x_override=None):
         [i.topk_idx.numpy() if case.topk else None for i in all_inputs],
         [i.topk_weights.numpy() if case.topk else None for i in all_inputs],
         [i.is_token_in_rank for i in all_inputs],
-        case.experts, case.alignment)
+        case.experts, case.alignment, only_rank=only_rank)
 
 
 def dispatch(buf, case: Case, inp: Inputs, device, **kwargs):
@@ -139,28 +141,63 @@ def check_dispatch(out, ref, case: Case, what: str, worst: int = 0, source_token
         assert bool((recv_src_idx[n_ref:] == -1).all()), f"{what}: padding rows must have source index -1"
 
 
+# Combine inputs are windows of one pool of normals per (case, group size,
+# rank): row i starts at its own offset. Any rank can so make just the rows
+# that hold its tokens (1/n of all ranks' rows) for its reference, instead of
+# every rank's whole input. Offsets i * ROW_STRIDE mod (windows) differ for
+# every row index below the window count (the stride is prime to it), so no
+# two rows of a rank are equal.
+POOL_WINDOWS = (1 << 20) + 1
+ROW_STRIDE = 7919
+
+
+@functools.lru_cache(maxsize=32)
+def _combine_pool(case: Case, n: int, rank: int) -> np.ndarray:
+    gen = generator("combine", case, n, rank)
+    pool = torch.randn(POOL_WINDOWS + case.hidden - 1, generator=gen).bfloat16()
+    return pool.view(torch.int16).numpy().view(np.uint16)
+
+
+def combine_rows(case: Case, n: int, rank: int, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of ``rank``'s combine input: bf16 bits [len(rows), hidden]."""
+    windows = np.lib.stride_tricks.sliding_window_view(_combine_pool(case, n, rank), case.hidden)
+    return windows[(np.asarray(rows, dtype=np.int64) * ROW_STRIDE) % POOL_WINDOWS]
+
+
 def combine_inputs(case: Case, n: int, rank: int, num_rows: int,
                    with_biases: bool = True) -> Tuple[torch.Tensor, Optional[tuple]]:
-    gen = generator("combine", case, n, rank)
-    x = torch.randn(num_rows, case.hidden, generator=gen).bfloat16()
+    x = torch.from_numpy(combine_rows(case, n, rank, np.arange(num_rows))).view(torch.bfloat16)
+    gen = generator("combine biases", case, n, rank)
     t = case.tokens_of(rank)
     biases = tuple(torch.randn(t, case.hidden, generator=gen).bfloat16() for _ in range(case.biases)) \
         if with_biases else ()
     return x, biases
 
 
+def bf16_bits_to_f64(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
 def reference_combine(case: Case, n: int, refs, rank: int):
     """``rank``'s fp64 combine of combine_inputs over the reference receive
-    order: (combined_x, combined_topk_weights). Every rank's rows are drawn (any
-    may hold rank's tokens); only rank's sums and biases are computed."""
-    xs, ws, b0, b1 = [], [], [], []
+    order: (combined_x, combined_topk_weights). Only the rows that hold rank's
+    tokens are made. A token reaches a rank at most once, so each rank's rows
+    add to distinct tokens; fp64 holds these few bf16 terms exactly, so the
+    order of the sums does not matter (the C++ reference's normal_combine,
+    which CPU tests check, sums the same terms)."""
+    t = case.tokens_of(rank)
+    combined_x = np.zeros((t, case.hidden))
+    combined_w = np.zeros((t, case.topk))
     for r in range(n):
-        x, biases = combine_inputs(case, n, r, refs[r].num_recv, with_biases=r == rank)
-        xs.append(x.view(torch.int16).numpy().view(np.uint16))
-        ws.append(refs[r].recv_topk_weights if case.topk else None)
-        b0.append(biases[0].view(torch.int16).numpy().view(np.uint16) if len(biases) > 0 else None)
-        b1.append(biases[1].view(torch.int16).numpy().view(np.uint16) if len(biases) > 1 else None)
-    return turnout_reference.normal_combine(xs, ws, b0, b1, refs, case.hidden, case.topk, only_rank=rank)[rank]
+        rows = np.flatnonzero(refs[r].recv_src_rank == rank)
+        tokens = refs[r].recv_src_idx[rows]
+        combined_x[tokens] += bf16_bits_to_f64(combine_rows(case, n, r, rows))
+        if case.topk:
+            combined_w[tokens] += refs[r].recv_topk_weights[rows]
+    # Biases once per token, after the received rows.
+    for bias in combine_inputs(case, n, rank, 0)[1]:
+        combined_x += bf16_bits_to_f64(bias.view(torch.int16).numpy().view(np.uint16))
+    return combined_x, combined_w
 
 
 def combine(buf, case: Case, n: int, rank: int, out, device, worst: int = 0, **kwargs):
@@ -217,7 +254,7 @@ def round_trip(ctx, buf, case: Case, n: int, what: str, **kwargs):
     checked against the reference (kwargs go to both calls; with async_finish
     the current stream waits for each); returns (inputs, refs, dispatch's out)."""
     inputs = [inputs_of(case, n, r) for r in range(n)]
-    refs = reference_dispatch(case, n, inputs)
+    refs = reference_dispatch(case, n, inputs, only_rank=ctx.rank)
     out = dispatch(buf, case, inputs[ctx.rank], ctx.device, **kwargs)
     if kwargs.get("async_finish"):
         out[-1].current_stream_wait()

@@ -7,7 +7,9 @@ at least one check between them (``harness`` counts asserts and helpers); it
 is skipped, with its reason, when a rank raises ``harness.Skipped``. Ranks go
 round-robin over the visible GPUs; where they share one, an MPS daemon of the
 run's own serves them (``turnout.gpu_sharing``) and is stopped at the end,
-also when a test fails, hangs or the run is interrupted. A watchdog in this
+also when a test fails, hangs or the run is interrupted (Ctrl-C, SIGTERM,
+SIGHUP). Workers, and the test jobs they start, die with this process, also
+when it is SIGKILLed (Linux: ``die_with_parent``). A watchdog in this
 (parent) process gives each test a deadline (``fn.timeout`` seconds, default
 180): a test that hangs is killed with its workers, counted as failed, and the
 run goes on with fresh workers from the next test.
@@ -24,6 +26,7 @@ import importlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +38,11 @@ HERE = Path(__file__).resolve().parent
 TAG = "@@turnout-test@@ "
 DEFAULT_TIMEOUT_S = 180.0
 MIN_DEFAULT_RANKS = 4
+PARENT_ENV = "TURNOUT_TEST_RUNNER_PID"  # the run's pid, for a worker's die_with_parent
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Signals that end the run through SystemExit, so its cleanup runs: SIGTERM
+# (`timeout`, a scheduler) and SIGHUP (a closed terminal). Ctrl-C already raises.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def discover(pattern: str, exclude: str = ""):
@@ -55,6 +63,34 @@ def discover(pattern: str, exclude: str = ""):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Worker side
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ends this worker, and the test jobs it started (its process group), when
+    the run's process ends, also by SIGKILL, which runs none of the run's
+    cleanup: the workers sit in sessions of their own, so nothing else would
+    reach them, and a rank left running keeps the GPUs busy under the next run.
+    Linux only (prctl); elsewhere it does nothing. The kernel's SIGTERM is
+    handled in Python: a worker blocked in native code goes when that returns."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return
+    me = os.getpid()
+
+    def on_sigterm(signum, frame):
+        if os.getpid() != me:
+            # A child forked from this worker inherited the handler: it ends
+            # alone, as by default, and leaves the worker's group be.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        os.killpg(0, signal.SIGKILL)  # the worker leads the group: it goes too
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the prctl: no signal will come
+        os._exit(1)
 
 
 def report(**event) -> None:
@@ -120,6 +156,15 @@ def worker_main(rank: int, world_size: int, port: int, device: int, tests, start
 # Parent side: launch, watch, report
 
 
+def start_worker(argv, env=None, **popen_kwargs) -> subprocess.Popen:
+    """Starts a worker in a session of its own, so that kill() ends it with the
+    test jobs it starts (one process group), and tells it this process's pid
+    for its die_with_parent. Call it from the main thread: the kernel's
+    parent-death signal comes when the thread that started the child ends."""
+    env = dict(os.environ if env is None else env, **{PARENT_ENV: str(os.getpid())})
+    return subprocess.Popen(argv, start_new_session=True, env=env, **popen_kwargs)
+
+
 def launch(world_size: int, tests_arg: str, start: int, placement):
     from turnout.launch import free_port
 
@@ -128,9 +173,9 @@ def launch(world_size: int, tests_arg: str, start: int, placement):
     procs = []
     for rank in range(world_size):
         env = dict(os.environ, **placement.env(rank))
-        p = subprocess.Popen([sys.executable, __file__, "--worker", str(rank), str(world_size), str(port),
-                              str(placement.device(rank)), tests_arg, str(start)],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
+        p = start_worker([sys.executable, __file__, "--worker", str(rank), str(world_size), str(port),
+                          str(placement.device(rank)), tests_arg, str(start)],
+                         env=env, stdout=subprocess.PIPE, text=True)
         threading.Thread(target=pump, args=(rank, p, events), daemon=True).start()
         procs.append(p)
     return procs, events
@@ -258,6 +303,7 @@ def default_ranks(num_devices: int) -> int:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        die_with_parent(int(os.environ[PARENT_ENV]))
         rank, world_size, port, device = map(int, sys.argv[2:6])
         sys.path.insert(0, str(HERE))
         worker_main(rank, world_size, port, device, json.loads(sys.argv[6]), int(sys.argv[7]))
@@ -274,6 +320,22 @@ def main() -> int:
         for m, n, t in tests:
             print(f"{m}::{n} (timeout {t:.0f} s)")
         return 0
+    from turnout.gpu_sharing import signals_raise
+
+    # By default these signals would end this process at once, leaving the
+    # workers (in sessions of their own) running: raised, the cleanup runs.
+    try:
+        with signals_raise(*ENDING_SIGNALS):
+            return run_suite(tests, args.ranks)
+    except SystemExit as e:
+        if e.code in {128 + sig for sig in ENDING_SIGNALS}:
+            print(f"GPU suite: ended by {signal.Signals(e.code - 128).name}", flush=True)
+        raise
+
+
+def run_suite(tests, ranks) -> int:
+    """Runs the tests with ``ranks`` ranks (None: the default) over the visible
+    GPUs; 0 when none failed and one passed."""
     import torch
 
     from turnout.gpu_sharing import shared_gpus
@@ -283,7 +345,7 @@ def main() -> int:
         print("no CUDA device visible: no GPU test can run")
         print("0 passed, 1 failed, 0 skipped")
         return 1
-    world_size = args.ranks or default_ranks(num_devices)
+    world_size = ranks or default_ranks(num_devices)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     t0 = time.time()
     with shared_gpus(world_size, num_devices) as placement:

@@ -66,7 +66,7 @@ def test_stream_options_and_cached_dispatch(ctx):
             # Cached: same routing, new x, from the handle.
             new_x = [torch.randn(case.tokens, case.hidden, generator=torch.Generator().manual_seed(100 + r)).bfloat16()
                      for r in range(n)]
-            cached_refs = reference_dispatch(case, n, inputs, x_override=new_x)
+            cached_refs = reference_dispatch(case, n, inputs, x_override=new_x, only_rank=ctx.rank)
             recv_x, a, b, c, d, _ = buf.dispatch(x_on_device(new_x[ctx.rank], ctx.device), handle=out[4])
             assert a is None and b is None and c is None and d is None, "cached dispatch returns only recv_x"
             assert_equal(recv_x.view(torch.uint8), cached_refs[ctx.rank].recv_x, f"n={n}: cached dispatch recv_x")

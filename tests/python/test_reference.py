@@ -568,6 +568,25 @@ def test_internode_reference_rejects_bad_domains():
         ref.internode_wire([m[:, :2] for m in in_rank], params)
 
 
+def test_normal_dispatch_only_rank_keeps_one_ranks_rows():
+    num_ranks, num_nvl_ranks, num_experts, num_topk, hidden = 4, 4, 16, 4, 16
+    xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, num_topk, hidden, seed=5)
+    args = (xs, [None] * num_ranks, ids, weights, in_rank, num_experts, 1)
+    full = ref.normal_dispatch(*args)
+    some = ref.normal_dispatch(*args, only_rank=2)
+    for r in range(num_ranks):
+        assert some[r].num_recv == full[r].num_recv > 0
+        for name in ("recv_src_rank", "recv_src_idx", "recv_topk_idx", "recv_topk_weights"):
+            np.testing.assert_array_equal(getattr(some[r], name), getattr(full[r], name), err_msg=f"rank {r} {name}")
+        if r == 2:
+            np.testing.assert_array_equal(some[r].recv_x, full[r].recv_x)
+        else:
+            with pytest.raises(ValueError, match="only_rank"):
+                _ = some[r].recv_x
+    with pytest.raises(ValueError, match="rows_for_rank"):
+        ref.normal_dispatch(*args, only_rank=num_ranks)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Internode shrink mode: masked ranks, substitute forwarders
 

@@ -56,6 +56,9 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
                                                   const NormalDispatchParams& params) {
   check_dispatch_inputs(ranks, params);
   const int num_ranks = static_cast<int>(ranks.size());
+  if (params.rows_for_rank < -1 || params.rows_for_rank >= num_ranks)
+    throw std::invalid_argument("rows_for_rank: must be -1 or a rank in [0, " + std::to_string(num_ranks) + "), got " +
+                                std::to_string(params.rows_for_rank));
   const size_t row_bytes = static_cast<size_t>(params.row_bytes);
   const size_t num_scales = static_cast<size_t>(params.num_scales);
   const size_t num_topk = static_cast<size_t>(params.num_topk);
@@ -82,15 +85,19 @@ std::vector<NormalDispatchResult> normal_dispatch(std::span<const NormalDispatch
     const int64_t local_end = local_begin + experts_per_rank;
     if (has_topk) out.num_recv_tokens_per_expert.assign(experts_per_rank, 0);
     std::vector<uint8_t> local_hit(experts_per_rank);
+    // A GPU test checks one rank's rows: copying every rank's is most of the work.
+    const bool keep_rows = params.rows_for_rank < 0 || params.rows_for_rank == dst;
 
     for (int src = 0; src < num_ranks; ++src) {
       const NormalDispatchInput& in = ranks[src];
       for (int t = 0; t < in.num_tokens; ++t) {
         const size_t tok = static_cast<size_t>(t);
         if (!in.is_token_in_rank[tok * num_ranks + dst]) continue;
-        out.recv_x.insert(out.recv_x.end(), in.x.begin() + tok * row_bytes, in.x.begin() + (tok + 1) * row_bytes);
-        out.recv_x_scales.insert(out.recv_x_scales.end(), in.x_scales.begin() + tok * num_scales,
-                                 in.x_scales.begin() + (tok + 1) * num_scales);
+        if (keep_rows) {
+          out.recv_x.insert(out.recv_x.end(), in.x.begin() + tok * row_bytes, in.x.begin() + (tok + 1) * row_bytes);
+          out.recv_x_scales.insert(out.recv_x_scales.end(), in.x_scales.begin() + tok * num_scales,
+                                   in.x_scales.begin() + (tok + 1) * num_scales);
+        }
         out.recv_src_rank.push_back(src);
         out.recv_src_idx.push_back(t);
         if (!has_topk) continue;

@@ -141,9 +141,10 @@ std::pair<std::vector<reference::NormalDispatchInput>, reference::NormalDispatch
 
 std::vector<DispatchResult> normal_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
                                             const nb::list& topk_weights, const nb::list& is_token_in_rank,
-                                            int num_experts, int expert_alignment) {
+                                            int num_experts, int expert_alignment, int only_rank) {
   auto [inputs, params] =
       dispatch_inputs(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_experts, expert_alignment);
+  params.rows_for_rank = only_rank;
   auto results = reference::normal_dispatch(inputs, params);
   std::vector<DispatchResult> out;
   for (auto& r : results) out.push_back({std::move(r), params.row_bytes, params.num_scales, params.num_topk});
@@ -310,6 +311,10 @@ nb::list internode_wire(const nb::list& is_token_in_rank, const reference::Inter
 
 template <typename T>
 auto copy_out(const std::vector<T>& v, size_t rows, size_t cols) {
+  if (v.size() != rows * cols)
+    throw std::invalid_argument("this result holds " + std::to_string(v.size()) + " elements, not " +
+                                std::to_string(rows) + " x " + std::to_string(cols) +
+                                " (rows made with only_rank are kept for that rank alone)");
   return to_numpy(std::vector<T>(v), {rows, cols});
 }
 
@@ -519,8 +524,10 @@ NB_MODULE(turnout_reference, m) {
   auto normal = nb::class_<DispatchResult>(m, "NormalDispatchResult");
   def_normal_outputs(normal);
   m.def("normal_dispatch", &normal_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a, "is_token_in_rank"_a,
-        "num_experts"_a, "expert_alignment"_a,
-        "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank).");
+        "num_experts"_a, "expert_alignment"_a, "only_rank"_a = -1,
+        "Every rank's dispatch result from every rank's input (lists, one numpy array or None per rank); with "
+        "only_rank >= 0 only that rank's result keeps its rows (recv_x, recv_x_scales), the others everything "
+        "else.");
   m.def("normal_combine", &normal_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a, "hidden"_a,
         "num_topk"_a, "only_rank"_a = -1,
         "Every rank's fp64 combine result: a list of (combined_x, combined_topk_weights); with only_rank >= 0, "

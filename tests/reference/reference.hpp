@@ -95,6 +95,7 @@ struct NormalDispatchParams {
   int num_topk = 0;          // K; 0 = no top-k (then no top-k outputs, no per-expert counts)
   int num_experts = 0;       // E; needed only with top-k
   int expert_alignment = 1;  // per-expert counts are rounded up to a multiple of this
+  int rows_for_rank = -1;    // >= 0: recv_x and recv_x_scales of that rank alone (the others' stay empty)
 };
 
 // What one rank r gets back. Rows are ordered by source rank, then source token index.

@@ -7,7 +7,7 @@ import sys
 import traceback
 from typing import Dict, List, Optional
 
-from . import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS, report
+from . import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS, gpu_processes, report
 
 SHAPE_HELP = {"tokens": "tokens per rank", "hidden": "hidden size", "experts": "number of experts",
               "topk": "experts per token"}
@@ -74,8 +74,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     results, errors, panels = {}, {}, {}
     machine = report.machine_info(args.ranks)
     num_ranks = machine["ranks"]
-    if machine["ranks_share_gpus"]:
-        print(report.SHARED_NOTE.format(**machine))
+    # Another workload on these GPUs slows every figure: looked for before and after, said in the header.
+    gpus = gpu_processes.bench_gpus(num_ranks, machine["count"])
+    others = {"gpus": "all" if gpus is None else gpus,
+              "start": gpu_processes.query(gpu_processes.own_pids(), gpus)}
+    header = [report.SHARED_NOTE.format(**machine)] if machine["ranks_share_gpus"] else []
+    header += gpu_processes.report_lines(others["start"], "start")
+    if header:
+        print("\n".join(header))
         print()
     for name in args.subcommands:
         try:
@@ -99,10 +105,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             series = module.plot_series(rows)
             for panel in series if isinstance(series, list) else [series]:
                 panels[panel.get("title", name)] = panel
+    others["end"] = gpu_processes.query(gpu_processes.own_pids(), gpus)
+    footer = gpu_processes.report_lines(others["end"], "end")
+    if footer:
+        print("\n".join(footer))
     png = os.path.splitext(args.json)[0] + ".png"
-    if report.plot(panels, png, report.SHARED_NOTE.format(**machine) if machine["ranks_share_gpus"] else None):
+    if report.plot(panels, png, "\n".join(header + footer) or None):
         print(f"wrote {png}")
-    report.write_json(report.record(command, results, machine, errors), args.json)
+    report.write_json(report.record(command, results, machine, errors, others), args.json)
     print(f"wrote {args.json}")
     return 1 if errors else 0
 

@@ -76,10 +76,14 @@ def run_environment() -> Dict[str, str]:
 
 
 def record(command: List[str], results: Dict[str, List[Dict]], machine: Dict,
-           errors: Optional[Dict[str, str]] = None) -> Dict:
-    """The JSON document of one run."""
+           errors: Optional[Dict[str, str]] = None, other_gpu_processes: Optional[Dict] = None) -> Dict:
+    """The JSON document of one run. ``other_gpu_processes``: what
+    ``gpu_processes.query`` saw on the run's GPUs at its ``start`` and ``end``
+    (and which ``gpus`` it looked at)."""
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine, "command": command, "environment": run_environment(), "results": results}
+    if other_gpu_processes is not None:
+        doc["other_gpu_processes"] = other_gpu_processes
     if errors:
         doc["errors"] = errors
     return doc
