@@ -585,3 +585,110 @@ def test_normal_dispatch_only_rank_keeps_one_ranks_rows():
                 _ = some[r].recv_x
     with pytest.raises(ValueError, match="rows_for_rank"):
         ref.normal_dispatch(*args, only_rank=num_ranks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Internode shrink mode: masked ranks, substitute forwarders
+
+
+def reduced_internode_inputs(xs, ids, weights, num_ranks, num_nvl_ranks, num_experts, masked):
+    """The inputs as the GPU tests reduce them: a masked rank sends nothing, no token goes to its experts."""
+    per_rank = num_experts // num_ranks
+    out = ([], [], [], [])
+    for r in range(num_ranks):
+        x, i, w = xs[r], ids[r].copy(), weights[r]
+        if r in masked:
+            x, i, w = x[:0], i[:0], w[:0]
+        i[(i >= 0) & np.isin(i // per_rank, sorted(masked))] = -1
+        for part, value in zip(out, (x, i, w, ref.get_dispatch_layout(i, num_ranks, num_experts, num_nvl_ranks)[3])):
+            part.append(value)
+    return out
+
+
+def test_internode_forwarders_substitute_the_next_live_column():
+    forwarder, part, num_parts = ref.internode_forwarders(8, 4, live=[1, 1, 1, 1, 1, 0, 0, 1])
+    np.testing.assert_array_equal(forwarder, [[0, 1, 2, 3], [0, 3, 3, 3]])
+    np.testing.assert_array_equal(part, [[0, 0, 0, 0], [0, 0, 1, 2]])
+    np.testing.assert_array_equal(num_parts, [1, 1, 1, 1, 1, 0, 0, 3])
+    forwarder, _, num_parts = ref.internode_forwarders(4, 2, live=np.array([False, False, True, True]))
+    np.testing.assert_array_equal(forwarder, [[-1, -1], [0, 1]])
+    np.testing.assert_array_equal(ref.internode_forwarders(4, 2)[0], [[0, 1], [0, 1]])
+    with pytest.raises(ValueError, match="live"):
+        ref.internode_forwarders(4, 2, live=[1, 1, 1])
+
+
+@pytest.mark.parametrize("num_ranks, num_nvl_ranks, masked", [(4, 2, {3}), (8, 4, {4, 7}), (8, 2, {1, 2}),
+                                                               (16, 8, {0, 9, 10})])
+def test_internode_dispatch_with_masked_ranks_is_intranode_on_the_reduced_routing(num_ranks, num_nvl_ranks, masked):
+    num_experts, num_topk, hidden, channels = 4 * num_ranks, 6, 16, 3
+    xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, num_topk, hidden,
+                                                 seed=num_ranks + 7 * num_nvl_ranks)
+    live = [r not in masked for r in range(num_ranks)]
+    out = ref.internode_dispatch(xs, [None] * num_ranks, ids, weights, in_rank, num_experts, 1, num_nvl_ranks,
+                                 channels, live=live)
+    rx, rids, rw, rin = reduced_internode_inputs(xs, ids, weights, num_ranks, num_nvl_ranks, num_experts, masked)
+    want = ref.normal_dispatch(rx, [None] * num_ranks, rids, rw, rin, num_experts, 1)
+    forwarder, _, num_parts = ref.internode_forwarders(num_ranks, num_nvl_ranks, live=live)
+    num_domains = num_ranks // num_nvl_ranks
+    for r, (d, w) in enumerate(zip(out, want)):
+        for name in ("recv_x", "recv_topk_idx", "recv_topk_weights", "recv_src_idx", "recv_src_rank"):
+            np.testing.assert_array_equal(getattr(d, name), getattr(w, name), err_msg=f"rank {r} {name}")
+        np.testing.assert_array_equal(d.live, live)
+        assert d.num_parts == num_parts[r]
+        assert d.recv_rdma_rank_prefix_sum.shape == (num_domains * d.num_parts,)
+        assert d.recv_rdma_channel_prefix_matrix.shape == (num_domains * d.num_parts, channels)
+        assert d.send_nvl_head.shape == (d.num_forward, num_nvl_ranks)
+        domain, local = divmod(r, num_nvl_ranks)
+        # Each forwarded token's source column is one this rank forwards.
+        for src in d.forward_src_rank:
+            assert forwarder[domain, src % num_nvl_ranks] == local
+    # The sums do not depend on who forwards: the reduced routing with every rank live gives the same bits.
+    plain = ref.internode_dispatch(rx, [None] * num_ranks, rids, rw, rin, num_experts, 1, num_nvl_ranks)
+    rows = [d.recv_x.view(np.uint16) for d in out]
+    ws = [d.recv_topk_weights for d in out]
+    none = [None] * num_ranks
+    shrunk = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk)
+    every = ref.internode_combine(rows, ws, none, none, plain, hidden, num_topk)
+    for r in range(num_ranks):
+        np.testing.assert_array_equal(shrunk[r][0], every[r][0])
+        np.testing.assert_array_equal(shrunk[r][1], every[r][1])
+    # A rank lost before combine: its rows leave the sums, its result is None.
+    lost = max(set(range(num_ranks)) - masked)
+    later = [r not in masked and r != lost for r in range(num_ranks)]
+    zeroed = [np.zeros_like(x) if r == lost else x for r, x in enumerate(rows)]
+    zeroed_ws = [np.zeros_like(w) if r == lost else w for r, w in enumerate(ws)]
+    without = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, round_remote_partials=False,
+                                    live=later)
+    want_sums = ref.normal_combine(zeroed, zeroed_ws, none, none, want, hidden, num_topk)
+    for r in range(num_ranks):
+        if not later[r]:
+            assert without[r] is None, f"rank {r} sat the combine out"
+            continue
+        np.testing.assert_array_equal(without[r][0], want_sums[r][0])
+        np.testing.assert_array_equal(without[r][1], want_sums[r][1])
+    with pytest.raises(ValueError, match="was masked in the dispatch"):
+        ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, live=[True] * num_ranks)
+
+
+def test_internode_wire_with_masked_ranks():
+    num_ranks, num_nvl_ranks, num_experts = 8, 4, 32
+    xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, 8, 16, seed=19)
+    params = ref.InternodeWireParams()
+    params.row_bytes, params.hidden, params.num_topk, params.num_nvl_ranks = 256, 128, 8, num_nvl_ranks
+    masked = {6}
+    live = [r not in masked for r in range(num_ranks)]
+    rows = ref.internode_wire(in_rank, params, live=live)
+    # The reduced routing with every rank live: rank 6 still forwards column 2 into domain 1.
+    plain = ref.internode_wire(reduced_internode_inputs(xs, ids, weights, num_ranks, num_nvl_ranks, num_experts,
+                                                        masked)[3], params)
+    # Rank 6 sends, forwards and receives nothing; rank 7 carries column 2's combine streams too.
+    assert rows[6]["dispatch_turnout_bytes"] == rows[6]["combine_turnout_bytes"] == 0
+    assert rows[6]["combine_per_rank_bytes"] == 0
+    assert plain[6]["combine_turnout_bytes"] > 0
+    assert rows[7]["combine_turnout_bytes"] == plain[6]["combine_turnout_bytes"] + plain[7]["combine_turnout_bytes"]
+    for r in range(num_ranks):
+        assert rows[r]["dispatch_turnout_bytes"] == plain[r]["dispatch_turnout_bytes"], f"rank {r}"
+    assert sum(r["combine_turnout_bytes"] for r in rows) == \
+        sum(r["token_domain_pairs"] for r in rows) * ref.turnout_combine_token_bytes(128, 8)
+    with pytest.raises(ValueError, match="live"):
+        ref.internode_wire(in_rank, params, live=[True] * 3)

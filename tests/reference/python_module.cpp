@@ -211,14 +211,32 @@ const reference::NormalDispatchResult& normal_of(const InternodeResult& d) {
   return d.r.normal;
 }
 
+// A live set from None (every rank) or one truth value per rank (True: takes part).
+std::vector<uint32_t> live_set(nb::handle live, size_t num_ranks) {
+  if (live.is_none()) return {};
+  std::vector<int> masked;
+  size_t count = 0;
+  for (nb::handle item : live) {
+    const int truth = PyObject_IsTrue(item.ptr());
+    if (truth < 0) throw nb::python_error();
+    if (truth == 0) masked.push_back(static_cast<int>(count));
+    ++count;
+  }
+  if (count != num_ranks)
+    throw std::invalid_argument("live: expected one truth value per rank (" + std::to_string(num_ranks) + "), got " +
+                                std::to_string(count));
+  return reference::internode_live_set(static_cast<int>(num_ranks), masked);
+}
+
 std::vector<InternodeResult> internode_dispatch(const nb::list& x, const nb::list& x_scales, const nb::list& topk_idx,
                                                 const nb::list& topk_weights, const nb::list& is_token_in_rank,
                                                 int num_experts, int expert_alignment, int num_nvl_ranks,
-                                                int num_channels) {
+                                                int num_channels, nb::handle live) {
   auto [inputs, params] =
       dispatch_inputs(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_experts, expert_alignment);
-  auto results =
-      reference::internode_dispatch(inputs, params, {.num_nvl_ranks = num_nvl_ranks, .num_channels = num_channels});
+  auto results = reference::internode_dispatch(
+      inputs, params,
+      {.num_nvl_ranks = num_nvl_ranks, .num_channels = num_channels, .live = live_set(live, inputs.size())});
   const int num_ranks = static_cast<int>(results.size());
   std::vector<InternodeResult> out;
   for (auto& r : results)
@@ -228,7 +246,7 @@ std::vector<InternodeResult> internode_dispatch(const nb::list& x, const nb::lis
 
 nb::list internode_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0,
                            const nb::list& bias1, const std::vector<InternodeResult>& dispatch, int hidden,
-                           int num_topk, bool round_remote_partials, int only_rank) {
+                           int num_topk, bool round_remote_partials, int only_rank, nb::handle live) {
   std::vector<reference::NormalCombineInput> inputs = combine_inputs(x, topk_weights, bias0, bias1);
   std::vector<reference::InternodeDispatchResult> results;
   std::vector<int> num_tokens;
@@ -236,12 +254,33 @@ nb::list internode_combine(const nb::list& x, const nb::list& topk_weights, cons
     results.push_back(dispatch.at(r).r);
     num_tokens.push_back(results.back().normal.num_tokens);
   }
-  return combine_outputs(
-      reference::internode_combine(inputs, results, hidden, num_topk, round_remote_partials, only_rank), num_tokens,
-      hidden, num_topk, only_rank);
+  const std::vector<uint32_t> combine_live = live_set(live, inputs.size());
+  auto combined =
+      reference::internode_combine(inputs, results, hidden, num_topk, round_remote_partials, only_rank, combine_live);
+  // A rank that sits the combine out gets None, as one only_rank leaves out.
+  std::vector<bool> out_of_it(inputs.size(), false);
+  for (size_t r = 0; r < inputs.size(); ++r)
+    if (!combine_live.empty() && !(combine_live[r / 32] >> (r % 32) & 1)) {
+      out_of_it[r] = true;
+      num_tokens[r] = 0;
+    }
+  nb::list out = combine_outputs(std::move(combined), num_tokens, hidden, num_topk, only_rank);
+  for (size_t r = 0; r < inputs.size(); ++r)
+    if (out_of_it[r]) out[r] = nb::none();
+  return out;
 }
 
-nb::list internode_wire(const nb::list& is_token_in_rank, const reference::InternodeWireParams& params) {
+auto internode_forwarders(int num_ranks, int num_nvl_ranks, nb::handle live) {
+  if (num_ranks <= 0) throw std::invalid_argument("num_ranks: must be positive, got " + std::to_string(num_ranks));
+  auto plan = reference::internode_forwarders(live_set(live, size_t(num_ranks)), num_ranks, num_nvl_ranks);
+  const size_t n = num_ranks / num_nvl_ranks, d = num_nvl_ranks;
+  return nb::make_tuple(to_numpy(std::move(plan.forwarder), {n, d}), to_numpy(std::move(plan.part), {n, d}),
+                        to_numpy(std::move(plan.num_parts), {size_t(num_ranks)}));
+}
+
+nb::list internode_wire(const nb::list& is_token_in_rank, const reference::InternodeWireParams& base, nb::handle live) {
+  reference::InternodeWireParams params = base;
+  params.live = live_set(live, is_token_in_rank.size());
   const size_t num_ranks = is_token_in_rank.size();
   std::vector<reference::NormalDispatchInput> inputs(num_ranks);
   for (size_t r = 0; r < num_ranks; ++r) {
@@ -613,11 +652,15 @@ NB_MODULE(turnout_reference, m) {
           "[2] int32 [R, C]")
       .def_prop_ro(
           "recv_rdma_channel_prefix_matrix",
-          [=](I d) { return matrix(d.r.recv_rdma_channel_prefix_matrix, d.num_domains(), d.r.num_channels); }, fresh,
-          "[3] int32 [N, C]")
+          [=](I d) {
+            return matrix(d.r.recv_rdma_channel_prefix_matrix, size_t(d.num_domains()) * d.r.num_parts,
+                          d.r.num_channels);
+          },
+          fresh, "[3] int32 [N x num_parts, C]: row s num_parts + p for the source of part p in domain s")
       .def_prop_ro(
-          "recv_rdma_rank_prefix_sum", [=](I d) { return per_row(d.r.recv_rdma_rank_prefix_sum, d.num_domains()); },
-          fresh, "[4] int32 [N]")
+          "recv_rdma_rank_prefix_sum",
+          [=](I d) { return per_row(d.r.recv_rdma_rank_prefix_sum, size_t(d.num_domains()) * d.r.num_parts); }, fresh,
+          "[4] int32 [N x num_parts]: prefix over (source domain, part)")
       .def_prop_ro(
           "recv_gbl_channel_prefix_matrix",
           [=](I d) { return matrix(d.r.recv_gbl_channel_prefix_matrix, d.num_ranks, d.r.num_channels); }, fresh,
@@ -643,18 +686,40 @@ NB_MODULE(turnout_reference, m) {
           },
           fresh, "[9] int32 [num_forward, D] in forward order (empty without channels)")
       .def_prop_ro(
+          "num_parts", [](I d) { return d.r.num_parts; },
+          "columns this rank forwards: 1 with every rank live, more as a substitute, 0 when masked")
+      .def_prop_ro(
+          "live",
+          [=](I d) {
+            std::vector<uint8_t> live(d.num_ranks);
+            for (int r = 0; r < d.num_ranks; ++r) live[r] = d.r.live[r / 32] >> (r % 32) & 1;
+            return to_numpy(std::move(live), {size_t(d.num_ranks)});
+          },
+          fresh, "uint8 [R]: 1 where the rank took part in the dispatch")
+      .def_prop_ro(
           "forward_src_domain", [=](I d) { return per_row(d.r.forward_src_domain, d.r.num_forward); }, fresh)
+      .def_prop_ro(
+          "forward_src_rank", [=](I d) { return per_row(d.r.forward_src_rank, d.r.num_forward); }, fresh)
       .def_prop_ro(
           "forward_src_idx", [=](I d) { return per_row(d.r.forward_src_idx, d.r.num_forward); }, fresh)
       .def_prop_ro("forward_nvl_mask", [=](I d) { return per_row(d.r.forward_nvl_mask, d.r.num_forward); }, fresh);
   m.def("internode_dispatch", &internode_dispatch, "x"_a, "x_scales"_a, "topk_idx"_a, "topk_weights"_a,
         "is_token_in_rank"_a, "num_experts"_a, "expert_alignment"_a, "num_nvl_ranks"_a, "num_channels"_a = 0,
+        "live"_a = nb::none(),
         "Every rank's internode dispatch result (lists as normal_dispatch takes); rank r is in NVL domain r // "
-        "num_nvl_ranks. num_channels > 0 fills the channel entries of the handle.");
+        "num_nvl_ranks. num_channels > 0 fills the channel entries of the handle. live: None (every rank) or a "
+        "truth value per rank; a masked rank's input is ignored, it receives nothing, and its columns are "
+        "forwarded by substitutes (shrink mode).");
   m.def("internode_combine", &internode_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a,
-        "hidden"_a, "num_topk"_a, "round_remote_partials"_a = true, "only_rank"_a = -1,
+        "hidden"_a, "num_topk"_a, "round_remote_partials"_a = true, "only_rank"_a = -1, "live"_a = nb::none(),
         "Every rank's fp64 two-level combine, as normal_combine returns it; round_remote_partials rounds each "
-        "partial sum of a domain other than the source's to bf16, as it crosses the network.");
+        "partial sum of a domain other than the source's to bf16, as it crosses the network. live: None (the "
+        "dispatch's) or a truth value per rank within the dispatch's; the rows of a rank left out are left out of "
+        "every sum and its result is None.");
+  m.def("internode_forwarders", &internode_forwarders, "num_ranks"_a, "num_nvl_ranks"_a, "live"_a = nb::none(),
+        "The forwarder plan of shrink mode across domains: (forwarder int32 [N, D]: the local index of the rank of "
+        "domain e forwarding column n there, -1 if none; part int32 [N, D]: the part of that forwarder's rings "
+        "column n uses; num_parts int32 [R]).");
   nb::class_<reference::InternodeWireParams>(m, "InternodeWireParams")
       .def(nb::init<>())
       .def_rw("row_bytes", &reference::InternodeWireParams::row_bytes)
@@ -664,10 +729,11 @@ NB_MODULE(turnout_reference, m) {
       .def_rw("num_nvl_ranks", &reference::InternodeWireParams::num_nvl_ranks)
       .def_rw("num_channels", &reference::InternodeWireParams::num_channels)
       .def_rw("chunk_tokens", &reference::InternodeWireParams::chunk_tokens);
-  m.def("internode_wire", &internode_wire, "is_token_in_rank"_a, "params"_a,
+  m.def("internode_wire", &internode_wire, "is_token_in_rank"_a, "params"_a, "live"_a = nb::none(),
         "Per rank, a dict of the network bytes and puts of one dispatch and one combine in turnout's, DeepEP's and "
         "a per-rank protocol (keys <op>_<protocol>_bytes / _messages), and the (token, domain) and (token, rank) "
-        "pairs that cross; is_token_in_rank: one uint8 [T, R] array per rank.");
+        "pairs that cross; is_token_in_rank: one uint8 [T, R] array per rank. live: None (every rank) or a truth "
+        "value per rank.");
   m.def("turnout_dispatch_token_bytes", &reference::turnout_dispatch_token_bytes, "row_bytes"_a, "num_scales"_a,
         "num_topk"_a);
   m.def("deepep_dispatch_token_bytes", &reference::deepep_dispatch_token_bytes, "row_bytes"_a, "num_scales"_a,

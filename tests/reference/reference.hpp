@@ -157,11 +157,37 @@ std::vector<NormalCombineResult> normal_combine(std::span<const NormalCombineInp
 // Channels: channel c of a rank with T tokens holds tokens [T c / C, T (c + 1) / C),
 // the split turnout's intranode kernels use (DeepEP's is ceil(T / C)-sized pieces:
 // its channel entries equal these where the two splits agree).
+//
+// Shrink mode (docs/INTERNODE.md "Shrink across domains"): `live` is the call's live
+// set, bit r & 31 of word r >> 5 set where rank r takes part ((R + 31) / 32 words;
+// empty = every rank, which gives bit for bit the results of a call without it). The
+// reference does the reduction, as the GPU call does with the user's full routing:
+// a masked rank sends nothing (its input is ignored, unchecked) and receives nothing
+// (its column of is_token_in_rank is cleared and, with top-k, the slots of its
+// experts become -1). So the rows, per-expert counts and sums are normal_dispatch's
+// and normal_combine's of that reduced routing. A masked column n of domain e is
+// forwarded there by the next live local index of e, cyclically
+// (src/kernels/internode/forwarders.hpp, shared with the kernels); a forwarder serves
+// P columns (its own and those it substitutes for), its "parts", in column order.
+// Only the forwarders' view ([3], [4], [9] and the forward_* arrays) depends on who
+// forwards; rows and sums do not.
 
 struct InternodeParams {
-  int num_nvl_ranks = 0;  // D, a divisor of R, at most 32 (a mask bit per local rank)
-  int num_channels = 0;   // C of the channel entries; 0 leaves them empty
+  int num_nvl_ranks = 0;       // D, a divisor of R, at most 32 (a mask bit per local rank)
+  int num_channels = 0;        // C of the channel entries; 0 leaves them empty
+  std::vector<uint32_t> live;  // the call's live set; empty = every rank
 };
+
+// The live set of num_ranks ranks without `masked` (bit r & 31 of word r >> 5).
+std::vector<uint32_t> internode_live_set(int num_ranks, const std::vector<int>& masked = {});
+
+// The forwarder plan of a live set (forwarders.hpp, for the Python tests).
+struct InternodeForwarders {
+  std::vector<int32_t> forwarder;  // [N, D]: local index of the rank of domain e forwarding column n, -1 if none
+  std::vector<int32_t> part;       // [N, D]: the part column n uses in that forwarder's rings, -1 if none
+  std::vector<int32_t> num_parts;  // [R]: columns rank r forwards (0 when masked)
+};
+InternodeForwarders internode_forwarders(std::span<const uint32_t> live, int num_ranks, int num_nvl_ranks);
 
 // One rank's result. "Domain" is DeepEP's "RDMA rank". Entries marked [i] are DeepEP's
 // handle[i], with DeepEP's meaning wherever the channel split agrees.
@@ -170,18 +196,21 @@ struct InternodeDispatchResult {
   int num_nvl_ranks = 0;        // D
   int num_channels = 0;         // C
 
-  // [0] [T, R]: the input; combine's rows.
+  // [0] [T, R]: the input, masked ranks' columns cleared (empty on a masked rank);
+  // combine's rows. A GPU handle may hold the caller's tensor and clear them as it reads.
   std::vector<uint8_t> is_token_in_rank;
   // [1] [N, C]: this rank's tokens of channels 0..c that reach any rank of domain d.
   std::vector<int32_t> rdma_channel_prefix_matrix;
   // [2] [R, C]: this rank's tokens of channels 0..c that go to rank j.
   std::vector<int32_t> gbl_channel_prefix_matrix;
-  // [3] [N, C]: row s is the forwarded peer's (rank (s, my local index)) row "my domain"
-  // of [1]: tokens it sends to my domain through channels 0..c.
+  // [3] [N x P, C]: row s P + p is the row "my domain" of [1] of the source (s, m), m the
+  // column of my part p: tokens it sends to my domain through channels 0..c. Every
+  // rank live: P = 1 and m = my local index, DeepEP's [N, C].
   std::vector<int32_t> recv_rdma_channel_prefix_matrix;
-  // [4] [N]: inclusive prefix over source domains s of the tokens this rank forwards from
-  // its peer (s, my local index): those that reach any rank of my domain. The last
-  // entry is num_forward. Independent of channels.
+  // [4] [N x P]: inclusive prefix over (source domain s, part p) of the tokens this rank
+  // forwards from the source (s, m) of part p: those that reach any rank of my domain.
+  // The last entry is num_forward. Independent of channels. DeepEP's [N] with every
+  // rank live.
   std::vector<int32_t> recv_rdma_rank_prefix_sum;
   // [5] [R, C]: the row where the tokens of source rank j's channel c start here.
   std::vector<int32_t> recv_gbl_channel_prefix_matrix;
@@ -202,16 +231,21 @@ struct InternodeDispatchResult {
   // domains in, so only the -1 entries compare.
   std::vector<int32_t> send_nvl_head;
 
-  // This rank as a forwarder: the tokens of its peers (s, my local index), every domain
-  // s, this one included, that reach any rank of this domain. Order: source domain,
-  // then source token (so channel by channel within a source domain).
+  // This rank as a forwarder: the tokens of the sources (s, m), m a column it serves,
+  // every domain s, this one included, that reach any rank of this domain. Order:
+  // source domain, part, source token, which is source rank, then source token (so
+  // channel by channel within a source). Every rank live: m is its own local index.
+  int num_parts = 0;  // P: columns it serves (1 with every rank live, 0 when masked)
   int num_forward = 0;
   std::vector<int32_t> forward_src_domain;  // [num_forward]
+  std::vector<int32_t> forward_src_rank;    // [num_forward] the source: domain x D + column
   std::vector<int32_t> forward_src_idx;     // [num_forward] token index on the source
   std::vector<uint32_t> forward_nvl_mask;   // [num_forward] bit j: goes to local rank j
+
+  std::vector<uint32_t> live;  // the call's live set, as given or every rank
 };
 
-// ranks[r] is rank r's input, as for normal_dispatch.
+// ranks[r] is rank r's input, as for normal_dispatch; internode.live masks ranks.
 std::vector<InternodeDispatchResult> internode_dispatch(std::span<const NormalDispatchInput> ranks,
                                                         const NormalDispatchParams& params,
                                                         const InternodeParams& internode);
@@ -224,9 +258,15 @@ std::vector<InternodeDispatchResult> internode_dispatch(std::span<const NormalDi
 // protocol; DeepEP rounds the source domain's partial too). Then the GPU's result is
 // within its fp32 accumulation of double_to_bf16 of this one, unless a partial lies
 // on a bf16 rounding boundary.
+//
+// live: the ranks that take part in the combine, within the dispatch's live set (empty =
+// the dispatch's). A rank that took part in the dispatch but not here (it stopped in
+// between) has its rows and weights left out of every sum, and no result of its own;
+// the sums do not depend on which rank forwards. Ranks outside it may pass anything.
 std::vector<NormalCombineResult> internode_combine(std::span<const NormalCombineInput> ranks,
                                                    std::span<const InternodeDispatchResult> dispatch, int hidden,
-                                                   int num_topk, bool round_remote_partials, int only_rank = -1);
+                                                   int num_topk, bool round_remote_partials, int only_rank = -1,
+                                                   std::span<const uint32_t> live = {});
 
 // Network traffic of one dispatch and one combine, per rank: only what crosses between
 // domains (the NVLink hops are free here). Signals (channel counts, tails, heads, the
@@ -244,6 +284,10 @@ struct InternodeWireParams {
   int num_nvl_ranks = 0;  // D
   int num_channels = 1;   // C: a put carries tokens of one channel
   int chunk_tokens = 1;   // most tokens one put carries (num_max_rdma_chunked_send_tokens)
+  // The call's live set (empty = every rank): masked ranks send and receive nothing, and
+  // a substitute forwarder carries its columns' combine traffic, a stream per source
+  // (DeepEP's counts follow the same forwarders; DeepEP has no shrink across domains).
+  std::vector<uint32_t> live;
 };
 
 // Bytes one token takes on the wire. turnout: dispatch = row, scales, top-k ids (int32),
