@@ -36,10 +36,17 @@ struct InternodeHandle {
   int32_t* recv_src_meta = nullptr;                    // [7] [num_recv, 2]: (source token, local-rank bits)
   int32_t* send_rdma_head = nullptr;                   // [8] [T, N]
   int32_t* send_nvl_head = nullptr;                    // [9] [num_forward, D]
-  int num_tokens = 0;                                  // T
-  int num_channels = 0;                                // C
-  int num_recv = 0;                                    // rows of [7] (num_recv, or num_worst_tokens)
-  int num_forward = 0;                                 // rows of [9] (num_forward, or D x num_worst_tokens)
+  // [10] (ours, shrink mode only; null without): the call's live set, a bit
+  // per rank (bit r & 31 of word r >> 5), R / 32 words rounded up. A fresh
+  // dispatch's counts step writes it from the mask buffer; a cached dispatch
+  // and a combine read it, so that they use the dispatch's forwarders. With
+  // it, [3] is [N x P, C] and [4] [N x P], a row per (source domain, part),
+  // P the columns this rank forwards (1 with every rank live).
+  uint32_t* live = nullptr;
+  int num_tokens = 0;    // T
+  int num_channels = 0;  // C
+  int num_recv = 0;      // rows of [7] (num_recv, or num_worst_tokens)
+  int num_forward = 0;   // rows of [9] (num_forward, or D x num_worst_tokens)
 };
 
 struct InternodeDispatchCountsArgs {
@@ -64,6 +71,7 @@ struct InternodeDispatchCountsArgs {
 struct InternodeDispatchCounts {
   int num_recv_tokens = -1;
   int num_forward_tokens = -1;                  // tokens this rank forwards into its domain
+  int num_parts = 1;                            // P: the columns this rank forwards (shrink mode)
   std::vector<int> num_recv_tokens_per_expert;  // [L], aligned
 };
 

@@ -17,8 +17,9 @@ using namespace nb::literals;
 
 namespace {
 
-// The ten entries' addresses (0 where absent) and the sizes the host knows.
-using HandleAddresses = std::array<uintptr_t, 10>;
+// The entries' addresses (0 where absent: [10], the live set, exists only in
+// shrink mode) and the sizes the host knows.
+using HandleAddresses = std::array<uintptr_t, 11>;
 
 InternodeHandle handle_of(const HandleAddresses& e, int num_tokens, int num_channels, int num_recv, int num_forward) {
   InternodeHandle h;
@@ -32,6 +33,7 @@ InternodeHandle handle_of(const HandleAddresses& e, int num_tokens, int num_chan
   h.recv_src_meta = ptr<int32_t>(e[7]);
   h.send_rdma_head = ptr<int32_t>(e[8]);
   h.send_nvl_head = ptr<int32_t>(e[9]);
+  h.live = ptr<uint32_t>(e[10]);
   h.num_tokens = num_tokens;
   h.num_channels = num_channels;
   h.num_recv = num_recv;
@@ -39,11 +41,11 @@ InternodeHandle handle_of(const HandleAddresses& e, int num_tokens, int num_chan
   return h;
 }
 
-std::tuple<int, int, std::vector<int>> dispatch_counts(Buffer& b, const HandleAddresses& handle, int num_tokens,
-                                                       int num_channels, uintptr_t num_tokens_per_expert,
-                                                       int num_experts, uintptr_t topk_idx, int num_topk,
-                                                       int expert_alignment, int num_worst_tokens, bool cached,
-                                                       const Config& config, uintptr_t s, MaybeStream wait_for) {
+std::tuple<int, int, std::vector<int>, int> dispatch_counts(Buffer& b, const HandleAddresses& handle, int num_tokens,
+                                                            int num_channels, uintptr_t num_tokens_per_expert,
+                                                            int num_experts, uintptr_t topk_idx, int num_topk,
+                                                            int expert_alignment, int num_worst_tokens, bool cached,
+                                                            const Config& config, uintptr_t s, MaybeStream wait_for) {
   InternodeDispatchCountsArgs a;
   a.num_tokens = num_tokens;
   a.num_tokens_per_expert = ptr<const int32_t>(num_tokens_per_expert);
@@ -60,7 +62,7 @@ std::tuple<int, int, std::vector<int>> dispatch_counts(Buffer& b, const HandleAd
   if (!cached && num_worst_tokens == 0 && num_tokens_per_expert != 0) release.emplace();
   join_before(b, s, wait_for);
   InternodeDispatchCounts c = b.internode_dispatch_counts(a, stream(s));
-  return {c.num_recv_tokens, c.num_forward_tokens, std::move(c.num_recv_tokens_per_expert)};
+  return {c.num_recv_tokens, c.num_forward_tokens, std::move(c.num_recv_tokens_per_expert), c.num_parts};
 }
 
 void dispatch(Buffer& b, const HandleAddresses& handle, int num_tokens, int num_channels, int num_recv, int num_forward,

@@ -74,6 +74,41 @@ TEST(InternodeRegion, NetworkPartsDoNotOverlap) {
   EXPECT_LE(r.outbox + N * r.message_bytes, ki::kNetMetaBytes);
 }
 
+// Shrink mode: a counter word per rank, a message, tail and head per (domain,
+// part); the rings keep their size and place, so the size hints still cover them.
+TEST(InternodeRegion, ShrinkPartsDoNotOverlap) {
+  const int64_t N = 4, D = 8, C = 12, L = 8, R = N * D;
+  ki::Shape shape = shape_of(N, D, C, L, 14848);
+  const auto plain = ki::make_net_region(shape);
+  shape.max_parts = D;
+  const auto r = ki::make_net_region(shape);
+  EXPECT_EQ(r.counter_words(), R);
+  EXPECT_EQ(plain.counter_words(), N);
+  const std::pair<int64_t, int64_t> parts[] = {{r.barrier, r.barrier + R * 4},
+                                               {r.counts_arrived, r.counts_arrived + R * 4},
+                                               {r.epoch, r.epoch + 4},
+                                               {r.tails, r.tails + C * N * D * 4},
+                                               {r.heads, r.heads + C * N * D * 4},
+                                               {r.counts, r.counts + N * D * r.message_bytes},
+                                               {r.outbox, r.outbox + N * r.message_bytes},
+                                               {r.recv_rings, r.stage_rings},
+                                               {r.stage_rings, r.total}};
+  expect_disjoint(parts);
+  EXPECT_EQ(r.tail(C - 1, N - 1, D - 1) + 4, r.tails + C * N * D * 4);
+  EXPECT_EQ(r.head(C - 1, N - 1, D - 1) + 4, r.heads + C * N * D * 4);
+  EXPECT_EQ(r.message(N - 1, D - 1) + r.message_bytes, r.counts + N * D * r.message_bytes);
+  EXPECT_EQ(r.total - r.recv_rings, plain.total - plain.recv_rings);
+  // Without shrink mode the part accessors at part 0 are the plain ones.
+  EXPECT_EQ(plain.tail(3, 2, 0), plain.tail(3, 2));
+  EXPECT_EQ(plain.head(3, 2, 0), plain.head(3, 2));
+  EXPECT_EQ(plain.message(2, 0), plain.message(2));
+  // A ring of 42 slots in 8 parts: 5 each, back to back.
+  EXPECT_EQ(ki::part_slots(42, 8), 5);
+  EXPECT_EQ(ki::part_first_slot(42, 8, 7), 35);
+  EXPECT_EQ(ki::make_shape(N, D, 24, 128, 256, L, 14848).max_parts, 1);
+  EXPECT_EQ(ki::make_shape(N, D, 24, 128, 256, L, 14848, true).max_parts, D);
+}
+
 TEST(InternodeRegion, NvlPartsDoNotOverlap) {
   const int64_t N = 4, D = 8, C = 12, L = 8, R = N * D;
   const auto r = ki::make_nvl_region(shape_of(N, D, C, L, 14848));
@@ -281,6 +316,28 @@ TEST(InternodeCheck, HandleIsChecked) {
   auto n = good_counts();
   n.handle.recv_src_meta = n.handle.send_rdma_head = n.handle.send_nvl_head = nullptr;
   EXPECT_NO_THROW(internode::check_dispatch_counts(n, shape));
+}
+
+TEST(InternodeCheck, ShrinkModeHandlesAndConfigs) {
+  auto shape = buffer_of(16, 8);
+  auto c = good_combine();
+  // Without shrink mode a handle carries no live set; with it, it must.
+  c.handle.live = fake<uint32_t>();
+  expect_error([&] { internode::check_combine(c, shape); }, "combine", "shrink mode only");
+  shape.shrink = true;
+  EXPECT_NO_THROW(internode::check_combine(c, shape));
+  c.handle.live = nullptr;
+  expect_error([&] { internode::check_combine(c, shape); }, "combine", "entry [10]");
+  // A domain's only survivor forwards for 8 columns: a part of a channel's
+  // network ring each (3 channels a block pair at 2 domains of 8).
+  c = good_combine();
+  c.handle.live = fake<uint32_t>();
+  c.config = Config(20, 8, 256, 16, 23);
+  expect_error([&] { internode::check_combine(c, shape); }, "combine", "at least 24 in shrink mode");
+  c.config = Config(20, 8, 256, 16, 24);
+  EXPECT_NO_THROW(internode::check_combine(c, shape));
+  const auto r = internode::check_combine(c, shape);
+  EXPECT_EQ(r.net.shape.max_parts, 8);
 }
 
 TEST(InternodeCheck, CountsArgumentsAreChecked) {

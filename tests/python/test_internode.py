@@ -26,9 +26,9 @@ def binding_names(method):
 
 class InternodeNative:
     """Records each call by keyword after checking its names against the
-    binding; the counts step answers ``answer`` (num_recv, num_forward, per expert)."""
+    binding; the counts step answers ``answer`` (num_recv, num_forward, per expert, parts)."""
 
-    def __init__(self, sm_budget=132, answer=(7, 5, [3, 4]), channels_per_block=1):
+    def __init__(self, sm_budget=132, answer=(7, 5, [3, 4], 1), channels_per_block=1):
         self.sm_budget = sm_budget
         self.internode_channels_per_block = channels_per_block
         self.answer = answer
@@ -185,8 +185,8 @@ def test_fresh_dispatch_returns_a_ten_entry_handle_sized_from_the_counts(monkeyp
                                                     (5, 4)]
     (counts_call, counts), (data_call, data) = context.native.calls[:2]
     assert (counts_call, data_call) == ("internode_dispatch_counts", "internode_dispatch")
-    assert counts["num_channels"] == 10 and not counts["cached"] and counts["handle"][7:] == [0, 0, 0]
-    assert data["handle"] == [t.data_ptr() for t in handle]
+    assert counts["num_channels"] == 10 and not counts["cached"] and counts["handle"][7:] == [0, 0, 0, 0]
+    assert data["handle"] == [t.data_ptr() for t in handle] + [0]
     assert (data["num_recv"], data["num_forward"]) == (7, 5)
     # The handle serves a cached dispatch and a combine of this buffer.
     recv_x, *rest = run_dispatch(context, handle=handle, topk_idx=None, topk_weights=None)
@@ -200,7 +200,7 @@ def test_fresh_dispatch_returns_a_ten_entry_handle_sized_from_the_counts(monkeyp
 
 def test_num_worst_tokens_sizes_the_outputs_without_the_counts(monkeypatch):
     patch_streams(monkeypatch)
-    context = make_context(native=InternodeNative(answer=(-1, -1, [])))
+    context = make_context(native=InternodeNative(answer=(-1, -1, [], 1)))
     recv_x, _, _, per_expert, handle, _ = run_dispatch(context, num_worst_tokens=32)
     assert recv_x.shape == (32, HIDDEN) and per_expert == []
     assert handle[7].shape == (32, 2) and handle[9].shape == (4 * 32, 4)

@@ -8,7 +8,7 @@ import torch
 from ..checks import TOPK_IDX_DTYPE, check_aligned, check_int, check_tensor, check_x, fail
 from ..event import EventOverlap
 from .context import OpContext
-from .internode_handle import check_handle, new_handle
+from .internode_handle import check_handle, new_handle, shrink_mode
 from .streams import OpStreams
 
 
@@ -26,7 +26,9 @@ def require_domains(context: OpContext, op: str) -> None:
 
 
 def _addresses(entries) -> list:
-    return [0 if t is None else t.data_ptr() for t in entries]
+    """The handle's eleven addresses (0 for [10] without shrink mode)."""
+    addresses = [0 if t is None else t.data_ptr() for t in entries]
+    return addresses + [0] * (11 - len(addresses))
 
 
 def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
@@ -46,6 +48,12 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
     check_int(op, "num_worst_tokens", num_worst_tokens, 0)
     channels = num_channels(context, config)
     cached = handle is not None
+    shrink = shrink_mode(context)
+    if shrink and num_worst_tokens and not cached:
+        # The handle's [3] and [4] take their shape from the parts this rank
+        # forwards for, which the host learns only by waiting for the counts.
+        raise NotImplementedError(f"{op}: num_worst_tokens with enable_shrink=True across NVL domains is not "
+                                  "available in this version of turnout")
     num_experts = num_topk = 0
     if cached:
         parts = check_handle(context, op, handle, channels)
@@ -94,18 +102,25 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
                 config=config, stream=stream, wait_for=streams.wait_for)
             per_expert = None
         else:
-            # [1]-[6] in one allocation: the counts step writes them all.
-            sizes = (num_domains * channels, num_ranks * channels, num_domains * channels, num_domains,
-                     num_ranks * channels, num_ranks)
+            # [1]-[6] in one allocation: the counts step writes them all. In
+            # shrink mode [3] and [4] get a row per (source domain, part), as
+            # many as a rank can have; the host learns its parts P with the
+            # receive sizes and keeps the first N x P rows.
+            rows = num_domains * (num_nvl_ranks if shrink else 1)
+            sizes = (num_domains * channels, num_ranks * channels, rows * channels, rows, num_ranks * channels,
+                     num_ranks)
             counts = torch.empty(sum(sizes), dtype=torch.int32, device=device)
-            shapes = ((num_domains, channels), (num_ranks, channels), (num_domains, channels), (num_domains,),
+            shapes = ((num_domains, channels), (num_ranks, channels), (rows, channels), (rows,),
                       (num_ranks, channels), (num_ranks,))
             entries = [is_token_in_rank]
             for part, shape in zip(counts.split(sizes), shapes):
                 entries.append(part.view(shape))
             entries += [None, None, None]
+            if shrink:
+                # [10]: the live set, which the counts step writes from the mask buffer.
+                entries.append(torch.empty((num_ranks + 31) // 32, dtype=torch.int32, device=device))
             # Without num_worst_tokens this waits on the host for the receive sizes.
-            num_recv, num_forward, per_expert = native.internode_dispatch_counts(
+            num_recv, num_forward, per_expert, num_parts = native.internode_dispatch_counts(
                 handle=_addresses(entries), num_tokens=num_tokens, num_channels=channels,
                 num_tokens_per_expert=num_tokens_per_expert.data_ptr(), num_experts=num_experts,
                 topk_idx=topk_idx_ptr, num_topk=num_topk, expert_alignment=expert_alignment,
@@ -113,6 +128,9 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
                 wait_for=streams.wait_for)
             if num_worst_tokens:
                 num_recv, num_forward, per_expert = num_worst_tokens, num_nvl_ranks * num_worst_tokens, []
+            if shrink:
+                entries[3] = entries[3][:num_domains * num_parts]
+                entries[4] = entries[4][:num_domains * num_parts]
             entries[7] = torch.empty(num_recv, 2, dtype=torch.int32, device=device)
             entries[8] = torch.empty(num_tokens, num_domains, dtype=torch.int32, device=device)
             entries[9] = torch.empty(num_forward, num_nvl_ranks, dtype=torch.int32, device=device)

@@ -12,6 +12,14 @@ from .context import OpContext
 ENTRY_NAMES = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
                "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
                "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
+#: The eleventh entry (ours) of a handle of a buffer built with enable_shrink=True.
+LIVE_ENTRY_NAME = "live"
+
+
+def shrink_mode(context: OpContext) -> bool:
+    """Whether the buffer was built with enable_shrink=True (its internode
+    handles then carry the live set, entry [10])."""
+    return bool(getattr(context.native, "shrink_enabled", False))
 
 
 class InternodeHandle(tuple):
@@ -36,6 +44,14 @@ class InternodeHandle(tuple):
     - ``[9]`` send_nvl_head ``[forwarded, D]``: forwarded token i's place in its channel's stream to
       local rank j, -1 where it does not go to j (forward order: source domain, then token).
 
+    On a buffer built with ``enable_shrink=True`` (docs/INTERNODE.md "Shrink across domains") an
+    eleventh entry, ours:
+
+    - ``[10]`` live ``[ceil(R / 32)]``: the dispatch's live set, bit r & 31 of word r >> 5 (the
+      ranks not masked when it ran); its combine and cached dispatch use the same forwarders.
+      ``[3]`` is then ``[N x P, C]`` and ``[4]`` ``[N x P]``, a row per (source domain, part), P the
+      columns this rank forwards for (1 with every rank live: the shapes above).
+
     A plain tuple or list of these entries is accepted too.
     """
 
@@ -58,8 +74,10 @@ def new_handle(context: OpContext, entries) -> InternodeHandle:
 def check_handle(context: OpContext, op: str, handle, num_channels: int) -> HandleParts:
     """Checks every entry (type, dtype, shape, device) and that the handle
     was made with ``num_channels`` channels, the call's."""
-    if not (isinstance(handle, (tuple, list)) and len(handle) == 10):
-        fail(op, "handle", "the ten-entry handle an internode dispatch of this buffer returned",
+    shrink = shrink_mode(context)
+    if not (isinstance(handle, (tuple, list)) and len(handle) == (11 if shrink else 10)):
+        fail(op, "handle", f"the {'eleven' if shrink else 'ten'}-entry handle an internode dispatch of this buffer "
+             "returned",
              f"a {type(handle).__name__}" + (f" of {len(handle)}" if isinstance(handle, (tuple, list)) else ""),
              TypeError)
     owner = getattr(handle, "_owner", None)
@@ -69,7 +87,7 @@ def check_handle(context: OpContext, op: str, handle, num_channels: int) -> Hand
     num_nvl_ranks = num_ranks // num_domains
 
     def arg(i: int) -> str:
-        return f"handle[{i}] ({ENTRY_NAMES[i]})"
+        return f"handle[{i}] ({ENTRY_NAMES[i] if i < 10 else LIVE_ENTRY_NAME})"
 
     check_tensor(op, arg(0), handle[0], dtype=torch.bool, shape=(None, num_ranks), device=device)
     num_tokens = handle[0].shape[0]
@@ -78,7 +96,16 @@ def check_handle(context: OpContext, op: str, handle, num_channels: int) -> Hand
     if channels != num_channels:
         fail(op, "config", f"of the dispatch's {channels} channels (num_sms {2 * channels}, within the SM budget)",
              f"{num_channels} channels")
-    shapes = {2: (num_ranks, channels), 3: (num_domains, channels), 4: (num_domains,), 5: (num_ranks, channels),
+    # A row of [3] and [4] per (source domain, part): one part each without shrink mode.
+    rows = num_domains
+    if shrink:
+        check_tensor(op, arg(10), handle[10], dtype=torch.int32, shape=((num_ranks + 31) // 32,), device=device)
+        check_tensor(op, arg(4), handle[4], dtype=torch.int32, ndim=1, device=device)
+        rows = handle[4].shape[0]
+        if rows % num_domains or not num_domains <= rows <= num_domains * num_nvl_ranks:
+            fail(op, arg(4), f"of N x P rows (N = {num_domains} domains, P in [1, {num_nvl_ranks}] parts)",
+                 f"shape {tuple(handle[4].shape)}")
+    shapes = {2: (num_ranks, channels), 3: (rows, channels), 4: (rows,), 5: (num_ranks, channels),
               6: (num_ranks,), 7: (None, 2), 8: (num_tokens, num_domains), 9: (None, num_nvl_ranks)}
     for i, shape in shapes.items():
         check_tensor(op, arg(i), handle[i], dtype=torch.int32, shape=shape, device=device)

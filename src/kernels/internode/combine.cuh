@@ -27,6 +27,7 @@
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/vector_copy.cuh"
+#include "kernels/internode/forwarders.hpp"
 #include "kernels/internode/launch.hpp"
 #include "kernels/internode/transport.cuh"
 #include "turnout/error.hpp"
@@ -111,8 +112,38 @@ __device__ __forceinline__ uint32_t domain_mask(const CombineParams& p, int t, i
   return mask;
 }
 
+// Shrink mode: bit k: local rank k of domain e takes part in the call.
+__device__ __forceinline__ uint32_t live_columns(const Forwarders& plan, int e) {
+  uint32_t columns = 0;
+  for (int k = 0; k < plan.num_nvl_ranks; ++k) columns |= plan.is_live(e, k) ? 1u << k : 0u;
+  return columns;
+}
+
+// The rows of source rank g in channel c: its first row here and how many.
+__device__ __forceinline__ int2 channel_rows(const InternodeHandle& h, int g, int c, int C) {
+  const int first = h.recv_gbl_channel_prefix_matrix[g * C + c];
+  const int stop = c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g];
+  return make_int2(first, stop - first);
+}
+
+// Shrink mode: the k-th row of channel c that goes to the forwarder serving
+// columns `served`: sources (s, m) in column order, rows in order.
+__device__ __forceinline__ int64_t served_row(const InternodeHandle& h, uint32_t served, int s, int k, int c, int C,
+                                              int D) {
+  for (int m = 0; m < D; ++m) {
+    if (!(served >> m & 1)) continue;
+    const int2 rows = channel_rows(h, s * D + m, c, C);
+    if (k < rows.y) return rows.x + k;
+    k -= rows.y;
+  }
+  return -1;  // not reached: k is below the served sources' rows
+}
+
 // Send block, warp for forwarder n: this rank's rows of sources (s, n).
-__device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
+// kShrink: of every source (s, m) whose column m forwarder n serves, source
+// after source in column order (the order n sums them in).
+template <bool kShrink>
+__device__ __forceinline__ void send_rows_as(const CombineParams& p, int c, int n, int lane) {
   const InternodeCombineArgs& a = p.args;
   const InternodeHandle& h = a.handle;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
@@ -123,12 +154,18 @@ __device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
   void* forwarder = p.peers.buffers[n];
   __shared__ int s_sent[32][32], s_count[32][32];
   const int warp = threadIdx.x / 32;
+  const uint32_t served = kShrink ? Forwarders{h.live, N, D}.served(d, n) : 0u;
   // Lane s: the rows of source (s, n) in channel c, and how many went.
   int first = 0, count = 0, sent = 0;
   if (lane < N) {
-    const int g = lane * D + n;
-    first = h.recv_gbl_channel_prefix_matrix[g * C + c];
-    count = (c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g]) - first;
+    if constexpr (kShrink) {
+      for (int m = 0; m < D; ++m)
+        if (served >> m & 1) count += channel_rows(h, lane * D + m, c, C).y;
+    } else {
+      const int2 rows = channel_rows(h, lane * D + n, c, C);
+      first = rows.x;
+      count = rows.y;
+    }
   }
   while (__any_sync(~0u, sent < count)) {
     const int drained = lane < N ? device::load_acquire_sys(ints(self, p.nvl.head(c, n, lane))) : 0;
@@ -156,9 +193,10 @@ __device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
       const int64_t row0 = __shfl_sync(~0u, first, s) + from;
       for (int i = 0; i < k; ++i) {
         char* dst = at(forwarder, p.nvl.slot(c, j, s, (from + i) % Qs));
-        device::warp_copy_16<false>(dst, static_cast<const char*>(a.x) + (row0 + i) * row_bytes, row_bytes / 16, lane);
+        const int64_t row = kShrink ? served_row(h, served, s, from + i, c, C, D) : row0 + i;
+        device::warp_copy_16<false>(dst, static_cast<const char*>(a.x) + row * row_bytes, row_bytes / 16, lane);
         for (int q = lane; q < a.num_topk; q += 32)
-          reinterpret_cast<float*>(dst + p.slot.weights)[q] = a.topk_weights[(row0 + i) * a.num_topk + q];
+          reinterpret_cast<float*>(dst + p.slot.weights)[q] = a.topk_weights[row * a.num_topk + q];
       }
       __syncwarp();
       if (lane == 0) device::store_release_sys(ints(forwarder, p.nvl.tail(c, j, s)), from + k);
@@ -167,91 +205,135 @@ __device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
   }
 }
 
+// Plain functions around the template, so that the compiler keeps its choice
+// of not inlining them into the kernel (as before shrink mode).
+__device__ void send_rows(const CombineParams& p, int c, int n, int lane) {
+  send_rows_as<false>(p, c, n, lane);
+}
+__device__ void send_rows_shrink(const CombineParams& p, int c, int n, int lane) {
+  send_rows_as<true>(p, c, n, lane);
+}
+
 // Forward block, warp for other domain s: the partial sums of the tokens this
-// rank forwarded from (s, n), back to (s, n).
-template <int kWords, NetTransport T>
+// rank forwarded from (s, n), back to (s, n). kShrink: of every source (s, m)
+// whose column m it serves, part after part (dispatch's forward order), each
+// back to its source through that part of the rings.
+template <bool kShrink, int kWords, NetTransport T>
 __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, int lane) {
   const InternodeCombineArgs& a = p.args;
   const InternodeHandle& h = a.handle;
   const int D = p.peers.num_nvl_ranks;
-  const int d = p.peers.rank / D, n = p.peers.rank % D, pe = s * D + n;
-  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
-  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
+  const int d = p.peers.rank / D, n = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
+  const Forwarders plan{h.live, p.peers.num_ranks / D, D};
+  const int P = kShrink ? plan.num_parts(d, n) : 1;
   const int n16 = a.hidden * 2 / 16;
   char* local = net.local();
   void* self = p.peers.buffers[n];
-  const int32_t* prefix = h.recv_rdma_channel_prefix_matrix + s * C;
-  const int before = c == 0 ? 0 : prefix[c - 1];
-  const int count = prefix[c] - before;
-  const int64_t row0 = (s == 0 ? 0 : h.recv_rdma_rank_prefix_sum[s - 1]) + before;
-  const int32_t* head = ints(local, p.net.head(c, s));
   __shared__ int s_taken[32][32];
   const int warp = threadIdx.x / 32;
   __shared__ const char* s_sum[32][kMaxNvlRanks];
   int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
-  int placed = 0, put = 0;
-  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, s, put, placed, lane); };
   bool ok = true;
-  for (int i = 0; ok && i < count; ++i) {
-    // The local ranks the token went to, from handle [9].
-    const bool to_lane = lane < D && h.send_nvl_head[(row0 + i) * D + lane] >= 0;
-    const uint32_t mask = __ballot_sync(~0u, to_lane);
-    // Every row of the token has come.
-    for (uint32_t left = mask; ok && left; left &= left - 1) {
-      const int j = __ffs(left) - 1;
-      const int want = __shfl_sync(~0u, consumed, j) + 1;
-      const int32_t* tail = ints(self, p.nvl.tail(c, j, s));
-      ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
-    }
-    if (!ok) break;
-    if (placed - __shfl_sync(~0u, device::load_acquire_sys(head), 0) >= Q) {
-      flush();
-      ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
+  for (int part = 0; ok && part < P; ++part) {
+    const int column = kShrink ? plan.served_column(d, n, part) : n, pe = s * D + column, row = s * P + part;
+    const int first_slot = kShrink ? part_first_slot(p.net.shape.net_slots, P, part) : 0;
+    const int Q = kShrink ? part_slots(p.net.shape.net_slots, P) : p.net.shape.net_slots;
+    const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, Q);
+    const int32_t* prefix = h.recv_rdma_channel_prefix_matrix + row * C;
+    const int before = c == 0 ? 0 : prefix[c - 1];
+    const int count = prefix[c] - before;
+    const int64_t row0 = (row == 0 ? 0 : h.recv_rdma_rank_prefix_sum[row - 1]) + before;
+    const int32_t* head = ints(local, kShrink ? p.net.head(c, s, part) : p.net.head(c, s));
+    int placed = 0, put = 0;
+    const auto flush = [&] {
+      if constexpr (kShrink)
+        put_staged_part(net, p.net, p.slot.bytes, pe, c, d, s, part, first_slot, Q, put, placed, lane);
+      else
+        put_staged(net, p.net, p.slot.bytes, pe, c, d, s, put, placed, lane);
+    };
+    for (int i = 0; ok && i < count; ++i) {
+      // The local ranks the token went to, from handle [9].
+      const bool to_lane = lane < D && h.send_nvl_head[(row0 + i) * D + lane] >= 0;
+      const uint32_t mask = __ballot_sync(~0u, to_lane);
+      // Every row of the token has come.
+      for (uint32_t left = mask; ok && left; left &= left - 1) {
+        const int j = __ffs(left) - 1;
+        const int want = __shfl_sync(~0u, consumed, j) + 1;
+        const int32_t* tail = ints(self, p.nvl.tail(c, j, s));
+        ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+      }
       if (!ok) break;
-    }
-    char* out = local + p.net.stage_slot(c, s, placed % Q);
-    // Every lane reads every row's place (lanes that finish early leave the loops below).
-    s_taken[warp][lane] = consumed;
-    __syncwarp();
-    int m = 0;
-    for (uint32_t left = mask; left; left &= left - 1) {
-      const int j = __ffs(left) - 1;
-      if (lane == 0) s_sum[warp][m] = at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs));
-      ++m;
-    }
-    __syncwarp();
-    sum_rows<kWords>(s_sum[warp], m, nullptr, nullptr, out, n16, lane);
-    for (int q = lane; q < a.num_topk; q += 32) {
-      float w = 0.0f;
+      if (placed - __shfl_sync(~0u, device::load_acquire_sys(head), 0) >= Q) {
+        flush();
+        ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
+        if (!ok) break;
+      }
+      char* out = local + p.net.stage_slot(c, s, first_slot + placed % Q);
+      // Every lane reads every row's place (lanes that finish early leave the loops below).
+      s_taken[warp][lane] = consumed;
+      __syncwarp();
+      int m = 0;
       for (uint32_t left = mask; left; left &= left - 1) {
         const int j = __ffs(left) - 1;
-        w += __ldcg(
-            reinterpret_cast<const float*>(at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs)) + p.slot.weights) + q);
+        if (lane == 0) s_sum[warp][m] = at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs));
+        ++m;
       }
-      reinterpret_cast<float*>(out + p.slot.weights)[q] = w;
+      __syncwarp();
+      sum_rows<kWords>(s_sum[warp], m, nullptr, nullptr, out, n16, lane);
+      for (int q = lane; q < a.num_topk; q += 32) {
+        float w = 0.0f;
+        for (uint32_t left = mask; left; left &= left - 1) {
+          const int j = __ffs(left) - 1;
+          w += __ldcg(
+              reinterpret_cast<const float*>(at(self, p.nvl.slot(c, j, s, s_taken[warp][j] % Qs)) + p.slot.weights) +
+              q);
+        }
+        reinterpret_cast<float*>(out + p.slot.weights)[q] = w;
+      }
+      __syncwarp();
+      // The rows are read: their slots go back to the senders.
+      if (lane < D && (mask >> lane & 1)) {
+        ++consumed;
+        device::store_release_sys(ints(p.peers.buffers[lane], p.nvl.head(c, n, s)), consumed);
+      }
+      ++placed;
+      if (placed - put == chunk) flush();
     }
-    __syncwarp();
-    // The rows are read: their slots go back to the senders.
-    if (lane < D && (mask >> lane & 1)) {
-      ++consumed;
-      device::store_release_sys(ints(p.peers.buffers[lane], p.nvl.head(c, n, s)), consumed);
-    }
-    ++placed;
-    if (placed - put == chunk) flush();
+    if (ok) flush();
   }
-  if (ok) flush();
   net.quiet();
 }
 
 // Forward block, warp of this rank's own domain: the final sums of this
 // rank's tokens of channel c.
-template <int kWords, NetTransport T>
+// kShrink: masked ranks' columns of handle [0] read as cleared; domain e's
+// partials come from the forwarder of this rank's column there, through the
+// part of its rings that serves the column.
+template <bool kShrink, int kWords, NetTransport T>
 __device__ void reduce_final(const CombineParams& p, const T& net, int c, int lane) {
   const InternodeCombineArgs& a = p.args;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const int d = p.peers.rank / D, n = p.peers.rank % D;
-  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots, Qs = p.nvl.sub_slots();
-  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
+  const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
+  const Forwarders plan{a.handle.live, N, D};
+  // Lane e < N: domain e's forwarder of my column, my part there and its slots.
+  int f = n, part = 0, first_slot = 0, Q = p.net.shape.net_slots;
+  uint32_t columns = ~0u;
+  if constexpr (kShrink) {
+    if (lane < N) {
+      columns = live_columns(plan, lane);
+      f = plan.forwarder(lane, n);
+      if (f != kNoForwarder) {
+        const int parts = plan.num_parts(lane, f);
+        part = plan.part(lane, n);
+        first_slot = part_first_slot(Q, parts, part);
+        Q = part_slots(Q, parts);
+      }
+    }
+  }
+  const uint32_t own_columns = kShrink ? __shfl_sync(~0u, columns, d) : ~0u;
+  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, Q);
   const int n16 = a.hidden * 2 / 16;
   char* local = net.local();
   void* self = p.peers.buffers[n];
@@ -265,8 +347,8 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
   int rows_taken = 0, partials = 0, credited = 0;
   bool ok = true;
   for (int t = begin; ok && t < end; ++t) {
-    const uint32_t own = domain_mask(p, t, d);
-    const bool reaches = lane < N && lane != d && domain_mask(p, t, lane) != 0;
+    const uint32_t own = domain_mask(p, t, d) & own_columns;
+    const bool reaches = lane < N && lane != d && (domain_mask(p, t, lane) & columns) != 0;
     const uint32_t far = __ballot_sync(~0u, reaches);
     for (uint32_t left = own; ok && left; left &= left - 1) {
       const int j = __ffs(left) - 1;
@@ -277,15 +359,17 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
     for (uint32_t left = far; ok && left; left &= left - 1) {
       const int e = __ffs(left) - 1;
       const int want = __shfl_sync(~0u, partials, e) + 1;
-      const int32_t* tail = ints(local, p.net.tail(c, e));
-      ok = warp_wait(p, e * D + n, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+      const int32_t* tail = ints(local, kShrink ? p.net.tail(c, e, __shfl_sync(~0u, part, e)) : p.net.tail(c, e));
+      const int pe = e * D + (kShrink ? __shfl_sync(~0u, f, e) : n);
+      ok = warp_wait(p, pe, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
     }
     if (!ok) break;
     const int64_t out_row = static_cast<int64_t>(t) * a.hidden * 2;
     // Every lane reads every row's and partial's place (lanes that finish
     // early leave the loops below).
     s_rows[warp][lane] = rows_taken;
-    s_partials[warp][lane] = partials;
+    // The slot of this lane's next partial (its domain's ring part).
+    s_partials[warp][lane] = first_slot + partials % Q;
     __syncwarp();
     // The summands in the reference's order: this domain's rows (local rank
     // order) where its turn comes, every other domain's partial (domain order).
@@ -298,7 +382,7 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
           ++m;
         }
       } else if (far >> e & 1) {
-        if (lane == 0) s_sum[warp][m] = local + p.net.recv_slot(c, e, s_partials[warp][e] % Q);
+        if (lane == 0) s_sum[warp][m] = local + p.net.recv_slot(c, e, s_partials[warp][e]);
         ++m;
       }
     }
@@ -317,7 +401,7 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
               w += __ldcg(reinterpret_cast<const float*>(slot + p.slot.weights) + q);
             }
           } else if (far >> e & 1) {
-            const char* slot = local + p.net.recv_slot(c, e, s_partials[warp][e] % Q);
+            const char* slot = local + p.net.recv_slot(c, e, s_partials[warp][e]);
             w += __ldcg(reinterpret_cast<const float*>(slot + p.slot.weights) + q);
           }
         }
@@ -331,12 +415,13 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
     if (far >> lane & 1) {
       ++partials;
       if (partials - credited >= chunk) {
-        net.add(lane * D + n, p.net.head(c, d), partials - credited);
+        net.add(lane * D + f, kShrink ? p.net.head(c, d, part) : p.net.head(c, d), partials - credited);
         credited = partials;
       }
     }
   }
-  if (ok && lane < N && lane != d && partials > credited) net.add(lane * D + n, p.net.head(c, d), partials - credited);
+  if (ok && lane < N && lane != d && partials > credited)
+    net.add(lane * D + f, kShrink ? p.net.head(c, d, part) : p.net.head(c, d), partials - credited);
   net.quiet();
 }
 
@@ -345,14 +430,17 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
 // kMaxThreads: the block's size bound. Groups of up to 16 domains (blocks of
 // at most 512 threads) get 128 registers a thread, room for four words in
 // flight per summand; a 1024-thread block's 64 hold two.
-template <NetTransport T, int kMaxThreads>
+// kShrink: shrink mode (the handle carries a live set, [10]); without it the
+// code is that of a build without shrink mode.
+template <NetTransport T, int kMaxThreads, bool kShrink>
 __global__ void __launch_bounds__(kMaxThreads, 1) internode_combine_kernel(CombineParams p, T net) {
   using namespace combine_detail;
   constexpr int kWords = kMaxThreads <= 512 ? 4 : 2;
   if (device::wait_abandoned(p.ctx.errors)) return;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, d = p.peers.rank / D;
   // A failed dispatch's handle (handle [4] marked -1 on every rank): nothing moves.
-  if (p.args.handle.recv_rdma_rank_prefix_sum[N - 1] < 0) {
+  const int rows = kShrink ? N * Forwarders{p.args.handle.live, N, D}.num_parts(d, p.peers.rank % D) : N;
+  if (p.args.handle.recv_rdma_rank_prefix_sum[rows - 1] < 0) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
       device::record_error(p.ctx.errors, DeviceErrorCode::kBadHandle, p.ctx.rank, p.args.handle.num_recv, 0, 2, 0);
     return;
@@ -362,11 +450,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1) internode_combine_kernel(Combi
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
   const int c = blockIdx.x / 2 * K + warp / W;
   if (blockIdx.x % 2 == 0) {
-    if (role < D) send_rows(p, c, role, lane);
+    if (role < D) {
+      if constexpr (kShrink)
+        send_rows_shrink(p, c, role, lane);
+      else
+        send_rows(p, c, role, lane);
+    }
   } else if (role == d) {
-    reduce_final<kWords>(p, net, c, lane);
+    reduce_final<kShrink, kWords>(p, net, c, lane);
   } else if (role < N) {
-    reduce_for<kWords>(p, net, c, role, lane);
+    reduce_for<kShrink, kWords>(p, net, c, role, lane);
   }
 }
 
@@ -374,10 +467,15 @@ template <NetTransport T>
 void launch_combine_on(const CombineParams& p, const T& net, cudaStream_t stream) {
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, K = channels_per_block(N, D);
   const int blocks = 2 * (p.net.shape.num_channels / K), threads = 32 * K * (N > D ? N : D);
-  if (threads <= 512)
-    internode_combine_kernel<T, 512><<<blocks, threads, 0, stream>>>(p, net);
+  const bool shrink = p.args.handle.live != nullptr;
+  if (threads <= 512 && shrink)
+    internode_combine_kernel<T, 512, true><<<blocks, threads, 0, stream>>>(p, net);
+  else if (threads <= 512)
+    internode_combine_kernel<T, 512, false><<<blocks, threads, 0, stream>>>(p, net);
+  else if (shrink)
+    internode_combine_kernel<T, 1024, true><<<blocks, threads, 0, stream>>>(p, net);
   else
-    internode_combine_kernel<T, 1024><<<blocks, threads, 0, stream>>>(p, net);
+    internode_combine_kernel<T, 1024, false><<<blocks, threads, 0, stream>>>(p, net);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

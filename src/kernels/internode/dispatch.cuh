@@ -22,6 +22,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/vector_copy.cuh"
+#include "kernels/internode/forwarders.hpp"
 #include "kernels/internode/launch.hpp"
 #include "kernels/internode/transport.cuh"
 #include "turnout/error.hpp"
@@ -34,6 +35,7 @@ namespace dispatch_detail {
 constexpr int kMetaToken = 0;   // the token's index on its source rank
 constexpr int kMetaMask = 1;    // bit k: goes to local rank k of the destination domain
 constexpr int kMetaDomain = 2;  // the source's domain
+constexpr int kMetaColumn = 3;  // the source's local index
 
 __device__ __forceinline__ char* at(void* base, int64_t offset) {
   return static_cast<char*>(base) + offset;
@@ -41,6 +43,13 @@ __device__ __forceinline__ char* at(void* base, int64_t offset) {
 
 __device__ __forceinline__ int32_t* ints(void* base, int64_t offset) {
   return reinterpret_cast<int32_t*>(at(base, offset));
+}
+
+// Shrink mode: bit k: local rank k of domain e takes part in the call.
+__device__ __forceinline__ uint32_t live_columns(const Forwarders& plan, int e) {
+  uint32_t columns = 0;
+  for (int k = 0; k < plan.num_nvl_ranks; ++k) columns |= plan.is_live(e, k) ? 1u << k : 0u;
+  return columns;
 }
 
 // Bit k: token t goes to local rank k of domain e.
@@ -68,7 +77,8 @@ __device__ void pack_token(const DispatchParams& p, int t, char* dst, uint32_t m
     reinterpret_cast<float*>(dst + s.weights)[k] = a.topk_weights[i];
   }
   if (lane == 0)
-    device::store_16(dst + s.src, make_int4(t, static_cast<int>(mask), p.peers.rank / p.peers.num_nvl_ranks, 0));
+    device::store_16(dst + s.src, make_int4(t, static_cast<int>(mask), p.peers.rank / p.peers.num_nvl_ranks,
+                                            p.peers.rank % p.peers.num_nvl_ranks));
 }
 
 // Warp-wide: the slot at `src` (written by another GPU) into output row `row`.
@@ -102,23 +112,45 @@ __device__ __forceinline__ bool warp_wait(const DispatchParams& p, int peer, Rea
   return __shfl_sync(~0u, ok, 0);
 }
 
-template <NetTransport T>
+// kShrink: the token goes to the forwarder of this rank's column in e
+// (Forwarders), into the part of its rings that serves the column; masked
+// ranks' columns of is_token_in_rank read as cleared.
+template <bool kShrink, NetTransport T>
 __device__ void send(const DispatchParams& p, const T& net, int c, int e, int lane) {
   const InternodeDispatchArgs& a = p.args;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
-  const int d = p.peers.rank / D, n = p.peers.rank % D, pe = e * D + n;
-  const int C = p.net.shape.num_channels, Q = p.net.shape.net_slots;
-  // A channel's ring may have fewer slots than a chunk (1/K of the config's).
-  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, p.net.shape.net_slots);
+  const int d = p.peers.rank / D, n = p.peers.rank % D;
+  const int C = p.net.shape.num_channels;
+  int f = n, part = 0, first_slot = 0, Q = p.net.shape.net_slots;
+  uint32_t columns = ~0u;
+  if constexpr (kShrink) {
+    const Forwarders plan{a.handle.live, N, D};
+    columns = live_columns(plan, e);
+    f = plan.forwarder(e, n);  // kNoForwarder only where no column is live: nothing reaches e
+    if (f != kNoForwarder) {
+      const int parts = plan.num_parts(e, f);
+      part = plan.part(e, n);
+      first_slot = part_first_slot(Q, parts, part);
+      Q = part_slots(Q, parts);
+    }
+  }
+  const int pe = e * D + f;
+  // A channel's ring (or part) may have fewer slots than a chunk (1/K of the config's).
+  const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, Q);
   const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
   char* local = net.local();
-  const int32_t* head = ints(local, p.net.head(c, e));
+  const int32_t* head = ints(local, kShrink ? p.net.head(c, e, part) : p.net.head(c, e));
   int placed = 0, put = 0;  // tokens numbered (staged when e is far), tokens put
-  const auto flush = [&] { put_staged(net, p.net, p.slot.bytes, pe, c, d, e, put, placed, lane); };
+  const auto flush = [&] {
+    if constexpr (kShrink)
+      put_staged_part(net, p.net, p.slot.bytes, pe, c, d, e, part, first_slot, Q, put, placed, lane);
+    else
+      put_staged(net, p.net, p.slot.bytes, pe, c, d, e, put, placed, lane);
+  };
   bool ok = true;
   for (int base = begin; ok && base < end; base += 32) {
     const int t_lane = base + lane;
-    const bool reaches = t_lane < end && domain_mask(p, t_lane, e) != 0;
+    const bool reaches = t_lane < end && (domain_mask(p, t_lane, e) & columns) != 0;
     if (!a.cached && t_lane < end && !reaches) a.handle.send_rdma_head[static_cast<int64_t>(t_lane) * N + e] = -1;
     for (uint32_t ballot = __ballot_sync(~0u, reaches); ok && ballot; ballot &= ballot - 1) {
       const int t = base + __ffs(ballot) - 1;
@@ -131,7 +163,7 @@ __device__ void send(const DispatchParams& p, const T& net, int c, int e, int la
           ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
           if (!ok) break;
         }
-        pack_token(p, t, local + p.net.stage_slot(c, e, placed % Q), domain_mask(p, t, e), lane);
+        pack_token(p, t, local + p.net.stage_slot(c, e, first_slot + placed % Q), domain_mask(p, t, e) & columns, lane);
         __syncwarp();
       }
       ++placed;
@@ -222,19 +254,134 @@ __device__ void forward(const DispatchParams& p, const T& net, int c, int s, int
   if (s != d) net.quiet();
 }
 
-__device__ void receive(const DispatchParams& p, int c, int from, int lane) {
+// Shrink mode's forward: the rank forwards for every column it serves, a part
+// of its rings each, drained part after part (column order), so that its
+// forward order is (source domain, part, token), handle [3], [4] and [9]'s; a
+// masked source's part is empty. (forward above is the one part of a rank
+// whose column is its own, kept apart so that its code stays as it was.)
+template <NetTransport T>
+__device__ void forward_shrink(const DispatchParams& p, const T& net, int c, int s, int lane) {
+  const InternodeDispatchArgs& a = p.args;
+  const InternodeHandle& h = a.handle;
+  const int D = p.peers.num_nvl_ranks;
+  const int d = p.peers.rank / D, n = p.peers.rank % D;
+  const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
+  const Forwarders plan{h.live, p.peers.num_ranks / D, D};
+  const int P = plan.num_parts(d, n);
+  const uint32_t columns = live_columns(plan, d);
+  char* local = net.local();
+  void* self = p.peers.buffers[n];
+  // Lane j: tokens written into sub-ring (c, n, s) of local rank j, and (for
+  // handle [9]) its place in the channel's stream to j in forward order:
+  // every earlier (source domain, part)'s tokens of this channel to j first.
+  int written = 0, place = 0;
+  if (!a.cached && lane < D)
+    for (int e = 0; e < s; ++e)
+      for (int q = 0; q < P; ++q) {
+        if (!plan.is_live(e, plan.served_column(d, n, q))) continue;
+        const int32_t* chan = ints(local, p.net.message(e, q)) + MessageLayout(p.net.shape).per_channel + lane * C;
+        place += chan[c] - (c == 0 ? 0 : chan[c - 1]);
+      }
+  bool ok = true;
+  for (int q = 0; ok && q < P; ++q) {
+    const int column = plan.served_column(d, n, q), row = s * P + q;
+    const int first_slot = part_first_slot(p.net.shape.net_slots, P, q);
+    const int Q = part_slots(p.net.shape.net_slots, P);
+    const int credit_chunk = min(a.config.num_max_rdma_chunked_send_tokens, Q);
+    const int32_t* recv_prefix = h.recv_rdma_channel_prefix_matrix + row * C;
+    const int before = c == 0 ? 0 : recv_prefix[c - 1];
+    const int count = recv_prefix[c] - before;
+    const int64_t row0 = (row == 0 ? 0 : h.recv_rdma_rank_prefix_sum[row - 1]) + before;
+    const int32_t* tail = ints(local, p.net.tail(c, s, q));
+    const int64_t credit_word = p.net.head(c, d, q);
+    const int source = s * D + column;
+    int arrived = 0, credited = 0;
+    // This domain's tokens come from x: the channel's tokens that reach it, in
+    // order (only this rank's own column has any: the others it serves are masked).
+    const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
+    int own_next = begin;
+    for (int i = 0; ok && i < count; ++i) {
+      const char* slot = nullptr;
+      int t = -1;
+      uint32_t mask;
+      if (s != d) {
+        if (i == arrived) {
+          if (credited < i) {
+            // Return every drained slot before waiting, so the sender is never short of them.
+            if (lane == 0) net.add(source, credit_word, i - credited);
+            credited = i;
+          }
+          ok = warp_wait(p, source, [&] { return device::load_acquire_sys(tail) > i; }, lane);
+          if (!ok) break;
+          arrived = __shfl_sync(~0u, device::load_acquire_sys(tail), 0);
+        }
+        slot = local + p.net.recv_slot(c, s, first_slot + i % Q);
+        mask = static_cast<uint32_t>(__ldcg(reinterpret_cast<const int32_t*>(slot + p.slot.src) + kMetaMask));
+      } else {
+        for (mask = 0; own_next < end && (mask = domain_mask(p, own_next, d) & columns) == 0;) ++own_next;
+        t = own_next++;
+      }
+      for (uint32_t left = mask; ok && left; left &= left - 1) {
+        const int j = __ffs(left) - 1;
+        const int at_j = __shfl_sync(~0u, written, j);
+        const int32_t* head = ints(self, p.nvl.head(c, j, s));
+        ok = warp_wait(p, d * D + j, [&] { return at_j - device::load_acquire_sys(head) < Qs; }, lane);
+        if (!ok) break;
+        char* dst = at(p.peers.buffers[j], p.nvl.slot(c, n, s, at_j % Qs));
+        if (s != d)
+          device::warp_copy_16<true>(dst, slot, p.slot.bytes / 16, lane);
+        else
+          pack_token(p, t, dst, mask, lane);
+        __syncwarp();
+        if (lane == 0) device::store_release_sys(ints(p.peers.buffers[j], p.nvl.tail(c, n, s)), at_j + 1);
+      }
+      if (!ok) break;
+      const bool mine = lane < D && (mask >> lane & 1);
+      if (!a.cached && lane < D) h.send_nvl_head[(row0 + i) * D + lane] = mine ? place : -1;
+      written += mine ? 1 : 0;
+      place += mine ? 1 : 0;
+      if (s != d && i + 1 - credited >= credit_chunk) {
+        if (lane == 0) net.add(source, credit_word, i + 1 - credited);
+        credited = i + 1;
+      }
+    }
+    if (ok && s != d && credited < count && lane == 0) net.add(source, credit_word, count - credited);
+  }
+  if (s != d) net.quiet();
+}
+
+// The rows of source rank g in channel c: its first row here and how many.
+__device__ __forceinline__ int2 channel_rows(const InternodeHandle& h, int g, int c, int C) {
+  const int start = h.recv_gbl_channel_prefix_matrix[g * C + c];
+  const int stop = c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g];
+  return make_int2(start, stop - start);
+}
+
+// kShrink: forwarder `from` may serve several columns; sub-ring (c, from, s)
+// then holds the tokens of sources (s, m), m the columns it serves, source
+// after source in column order (it drains its parts so), and a slot's row is
+// found by counting per source rank.
+template <bool kShrink>
+__device__ __forceinline__ void receive_as(const DispatchParams& p, int c, int from, int lane) {
   const InternodeHandle& h = p.args.handle;
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D;
   const int d = p.peers.rank / D, me_local = p.peers.rank % D;
   const int C = p.net.shape.num_channels, Qs = p.nvl.sub_slots();
   void* self = p.peers.buffers[me_local];
-  // Lane s: the rows of source (s, from) in this channel, and how many came.
+  const Forwarders plan{h.live, N, D};
+  const uint32_t served = kShrink ? plan.served(d, from) : 0u;
+  // Lane s: the rows of source (s, from) in this channel (kShrink: of every
+  // source whose column `from` serves), and how many came.
   int start = 0, expected = 0, done = 0;
   if (lane < N) {
-    const int g = lane * D + from;
-    start = h.recv_gbl_channel_prefix_matrix[g * C + c];
-    const int stop = c + 1 < C ? h.recv_gbl_channel_prefix_matrix[g * C + c + 1] : h.recv_gbl_rank_prefix_sum[g];
-    expected = stop - start;
+    if constexpr (kShrink) {
+      for (int m = 0; m < D; ++m)
+        if (served >> m & 1) expected += channel_rows(h, lane * D + m, c, C).y;
+    } else {
+      const int2 rows = channel_rows(h, lane * D + from, c, C);
+      start = rows.x;
+      expected = rows.y;
+    }
   }
   // Lane 0 waits on the warp's view of every sub-ring, kept in shared memory.
   __shared__ int s_done[32][32], s_expected[32][32];
@@ -263,8 +410,23 @@ __device__ void receive(const DispatchParams& p, int c, int from, int lane) {
       const int upto = __shfl_sync(~0u, ready, s), from_done = __shfl_sync(~0u, done, s);
       if (upto <= from_done) continue;
       const int first_row = __shfl_sync(~0u, start, s);
-      for (int k = from_done; k < upto; ++k)
-        unpack_token(p, at(self, p.nvl.slot(c, from, s, k % Qs)), first_row + k, lane);
+      for (int k = from_done; k < upto; ++k) {
+        int64_t row = first_row + k;
+        if constexpr (kShrink) {
+          // The k-th token of the sub-ring: past the earlier served sources' tokens.
+          int left = k;
+          for (int m = 0; m < D; ++m) {
+            if (!(served >> m & 1)) continue;
+            const int2 rows = channel_rows(h, s * D + m, c, C);
+            if (left < rows.y) {
+              row = rows.x + left;
+              break;
+            }
+            left -= rows.y;
+          }
+        }
+        unpack_token(p, at(self, p.nvl.slot(c, from, s, k % Qs)), row, lane);
+      }
       __syncwarp();
       if (lane == 0) device::store_release_sys(ints(p.peers.buffers[from], p.nvl.head(c, me_local, s)), upto);
       if (lane == s) done = upto;
@@ -275,13 +437,16 @@ __device__ void receive(const DispatchParams& p, int c, int from, int lane) {
 // Rows past the received ones (num_worst_tokens; all of them when the call
 // failed) get no expert and no source; a failed call marks handle [4] -1, so
 // that no combine or cached dispatch takes the handle.
-__device__ void fill_padding(const DispatchParams& p, bool failed) {
+template <bool kShrink>
+__device__ __forceinline__ void fill_padding_as(const DispatchParams& p, bool failed) {
   const InternodeDispatchArgs& a = p.args;
   const InternodeHandle& h = a.handle;
-  const int R = p.peers.num_ranks, N = R / p.peers.num_nvl_ranks, pair = blockIdx.x / 2;
+  const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks, N = R / D, pair = blockIdx.x / 2;
   const int pairs = static_cast<int>(gridDim.x) / 2;
+  // [4] has a row per (source domain, part): N x P of them.
+  const int rows = kShrink ? N * Forwarders{h.live, N, D}.num_parts(p.peers.rank / D, p.peers.rank % D) : N;
   if (failed && pair == 0 && !a.cached)
-    for (int e = threadIdx.x; e < N; e += blockDim.x) h.recv_rdma_rank_prefix_sum[e] = -1;
+    for (int e = threadIdx.x; e < rows; e += blockDim.x) h.recv_rdma_rank_prefix_sum[e] = -1;
   if (a.num_worst_tokens == 0) return;
   const int num_recv = failed ? 0 : h.recv_gbl_rank_prefix_sum[R - 1];
   const int64_t per_row = 2 + a.num_topk;
@@ -299,9 +464,26 @@ __device__ void fill_padding(const DispatchParams& p, bool failed) {
   }
 }
 
+// Plain functions around the templates, so that the compiler keeps its
+// choice of not inlining them into the kernel (as before shrink mode).
+__device__ void receive(const DispatchParams& p, int c, int from, int lane) {
+  receive_as<false>(p, c, from, lane);
+}
+__device__ void receive_shrink(const DispatchParams& p, int c, int from, int lane) {
+  receive_as<true>(p, c, from, lane);
+}
+__device__ void fill_padding(const DispatchParams& p, bool failed) {
+  fill_padding_as<false>(p, failed);
+}
+__device__ void fill_padding_shrink(const DispatchParams& p, bool failed) {
+  fill_padding_as<true>(p, failed);
+}
+
 }  // namespace dispatch_detail
 
-template <NetTransport T>
+// kShrink: shrink mode (the handle carries a live set, [10]); without it the
+// code is that of a build without shrink mode.
+template <NetTransport T, bool kShrink>
 __global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchParams p, T net) {
   using namespace dispatch_detail;
   if (device::wait_abandoned(p.ctx.errors)) return;
@@ -312,13 +494,23 @@ __global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchPar
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, role = warp % W;
   const int c = blockIdx.x / 2 * K + warp / W;
   if (blockIdx.x % 2 == 1) {
-    fill_padding(p, failed);
-    if (!failed && role < N) forward(p, net, c, role, lane);
+    if constexpr (kShrink)
+      fill_padding_shrink(p, failed);
+    else
+      fill_padding(p, failed);
+    if (!failed && role < N) {
+      if constexpr (kShrink)
+        forward_shrink(p, net, c, role, lane);
+      else
+        forward(p, net, c, role, lane);
+    }
     return;
   }
   if (failed) return;
   if (role < N)
-    send(p, net, c, role, lane);
+    send<kShrink>(p, net, c, role, lane);
+  else if constexpr (kShrink)
+    receive_shrink(p, c, role - N, lane);
   else
     receive(p, c, role - N, lane);
 }
@@ -326,8 +518,11 @@ __global__ void __launch_bounds__(1024, 1) internode_dispatch_kernel(DispatchPar
 template <NetTransport T>
 void launch_dispatch_on(const DispatchParams& p, const T& net, cudaStream_t stream) {
   const int D = p.peers.num_nvl_ranks, N = p.peers.num_ranks / D, K = channels_per_block(N, D);
-  internode_dispatch_kernel<T>
-      <<<2 * (p.net.shape.num_channels / K), 32 * K * dispatch_block_warps(N, D), 0, stream>>>(p, net);
+  const dim3 blocks(2 * (p.net.shape.num_channels / K)), threads(32 * K * dispatch_block_warps(N, D));
+  if (p.args.handle.live != nullptr)
+    internode_dispatch_kernel<T, true><<<blocks, threads, 0, stream>>>(p, net);
+  else
+    internode_dispatch_kernel<T, false><<<blocks, threads, 0, stream>>>(p, net);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,9 +20,12 @@ struct CountsMailbox {
   int32_t failed;  // a bad input on some rank: every rank skips the data step
   int32_t num_recv_tokens;
   int32_t num_forward_tokens;
+  int32_t num_parts;                      // P: the columns this rank forwards (1 without shrink mode)
   int32_t num_recv_tokens_per_expert[1];  // [L], really
 };
-inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 16) / 4;
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 20) / 4;
+// Words of a live set (a bit per rank) of the largest internode group.
+inline constexpr int kMaxLiveWords = (kMaxDomains * kMaxNvlRanks + 31) / 32;
 
 struct Peers {
   void* const* control;  // device table of NVL peers' control regions
@@ -49,6 +52,10 @@ struct NotifyParams {
   InternodeDispatchCountsArgs counts;  // with exchange_counts
   CountsMailbox* mailbox;              // device view of host-mapped memory, or null (no host wait)
   int32_t sequence;
+  // Shrink mode (null without): the buffer's rank mask, int32 per global
+  // rank, read once as the call starts (ranks masked before the call). The
+  // waits keep ctx's plain timeouts: a rank lost inside a call is not covered.
+  int32_t* mask;
   WaitContext ctx;
 };
 

@@ -17,6 +17,8 @@
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/nvl_barrier.cuh"
+#include "kernels/device/rank_mask.cuh"
+#include "kernels/internode/forwarders.hpp"
 #include "kernels/internode/launch.hpp"
 #include "kernels/internode/transport.cuh"
 #include "turnout/error.hpp"
@@ -40,10 +42,19 @@ __device__ __forceinline__ bool reached(const uint32_t* counter, uint32_t epoch)
   return static_cast<int32_t>(device::load_acquire_sys(counter) - epoch) >= 0;
 }
 
+// Shrink mode: whether rank g takes part in this call, as the mask buffer
+// says when the call starts (ranks masked before the call; this rank always).
+__device__ __forceinline__ bool unmasked(const NotifyParams& p, int g) {
+  return g == p.peers.rank || p.mask == nullptr || device::load_acquire_sys(p.mask + g) == 0;
+}
+
 // Block c of kCount: this rank's tokens of channel c per destination rank
 // (handle [2]) and per destination domain (handle [1]), not yet summed over
 // channels; and the first expert id outside [-1, E), left for the exchange.
-__device__ void count_channel(const NotifyParams& p) {
+// kShrink: a masked rank's column of is_token_in_rank reads as cleared (the
+// user's layout may predate the mask).
+template <bool kShrink>
+__device__ __forceinline__ void count_channel_as(const NotifyParams& p) {
   const InternodeDispatchCountsArgs& a = p.counts;
   const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks, N = R / D;
   const int C = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
@@ -52,14 +63,20 @@ __device__ void count_channel(const NotifyParams& p) {
   // A thread per destination: consecutive threads read consecutive flags of a token.
   for (int j = threadIdx.x; j < R; j += blockDim.x) {
     int count = 0;
-    for (int t = begin; t < end; ++t) count += in[static_cast<int64_t>(t) * R + j] ? 1 : 0;
+    if (!kShrink || unmasked(p, j))
+      for (int t = begin; t < end; ++t) count += in[static_cast<int64_t>(t) * R + j] ? 1 : 0;
     a.handle.gbl_channel_prefix_matrix[j * C + c] = count;
   }
   for (int e = threadIdx.x; e < N; e += blockDim.x) {
+    uint32_t columns = ~0u;  // the live local ranks of domain e
+    if constexpr (kShrink) {
+      columns = 0;
+      for (int k = 0; k < D; ++k) columns |= unmasked(p, e * D + k) ? 1u << k : 0u;
+    }
     int count = 0;
     for (int t = begin; t < end; ++t) {
       bool any = false;
-      for (int k = 0; k < D; ++k) any = any || in[static_cast<int64_t>(t) * R + e * D + k];
+      for (int k = 0; k < D; ++k) any = any || ((columns >> k & 1) && in[static_cast<int64_t>(t) * R + e * D + k]);
       count += any ? 1 : 0;
     }
     a.handle.rdma_channel_prefix_matrix[e * C + c] = count;
@@ -76,7 +93,24 @@ __device__ void count_channel(const NotifyParams& p) {
   }
 }
 
-template <NetTransport T>
+// Plain functions around the template, so that the compiler keeps its choice
+// of not inlining them into the kernel (as before shrink mode).
+__device__ void count_channel(const NotifyParams& p) {
+  count_channel_as<false>(p);
+}
+__device__ void count_channel_shrink(const NotifyParams& p) {
+  count_channel_as<true>(p);
+}
+
+// kShrink (shrink mode, docs/INTERNODE.md "Shrink across domains"): the
+// call's live set comes from the mask buffer (a fresh dispatch, which leaves
+// it in handle [10]) or from handle [10] (a cached dispatch, a combine); every
+// rank derives the same forwarders from it (Forwarders). Barriers and
+// arrivals go to every live far rank; each source puts its message to its
+// forwarder in each domain, into the part that serves its column; a forwarder
+// relays each part's message to its live local ranks, zeros for a masked
+// source; a masked source counts as sending nothing.
+template <bool kShrink, NetTransport T>
 __device__ void exchange(const NotifyParams& p, const T& net) {
   const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks, N = R / D;
   const int me = p.peers.rank, n = me % D, d = me / D;
@@ -88,6 +122,25 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   const InternodeDispatchCountsArgs& a = p.counts;
   const InternodeHandle& h = a.handle;
   const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(local + p.net.epoch) + 1;
+  // The live set (kShrink), and the plan and this rank's parts that follow.
+  __shared__ uint32_t s_live[kMaxLiveWords];
+  if constexpr (kShrink) {
+    for (int w = tid; w < rank_set_words(R); w += threads) {
+      uint32_t bits = 0;
+      if (p.exchange_counts) {
+        for (int b = 0; b < 32 && 32 * w + b < R; ++b) bits |= unmasked(p, 32 * w + b) ? 1u << b : 0u;
+        h.live[w] = bits;
+      } else {
+        bits = h.live[w];
+      }
+      s_live[w] = bits;
+    }
+    __syncthreads();
+  }
+  const Forwarders plan{s_live, N, D};
+  const int P = kShrink ? plan.num_parts(d, n) : 1;
+  // kShrink: a far rank this one meets (every live rank of another domain).
+  const auto far_peer = [&](int g) { return g / D != d && plan.is_live(g / D, g % D); };
   // Why this rank's input is bad (the OpKind whose check found it), or 0.
   __shared__ int s_bad;
   __shared__ int64_t s_bad_index, s_bad_value;
@@ -120,14 +173,29 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   // the counters reset next. The network arrival goes first, so that a rank
   // held up in its NVL barrier does not hold up its domain peers too (each
   // wait then names the rank that is really missing).
-  if (tid < N && tid != d) net.add(tid * D + n, p.net.barrier + d * 4, 1);
-  if (!device::nvl_barrier(p.peers.control, n, D, p.ctx)) return;
   bool ok = true;
-  if (tid < N && tid != d)
-    ok = device::bounded_wait(p.ctx, tid * D + n, WaitSite::kBarrier,
-                              [&] { return reached(words(local, p.net.barrier) + tid, epoch); });
+  if constexpr (kShrink) {
+    for (int g = tid; g < R; g += threads)
+      if (far_peer(g)) net.add(g, p.net.barrier + me * 4, 1);
+    // The NVL barrier skips the local ranks the mask holds (ranks masked
+    // before the dispatch: the same as the handle's live set for its cached
+    // dispatch and combine).
+    WaitContext nvl_ctx = p.ctx;
+    nvl_ctx.mask = p.mask;
+    if (!device::nvl_barrier(p.peers.control, n, D, nvl_ctx)) return;
+    for (int g = tid; g < R; g += threads)
+      if (far_peer(g))
+        ok = ok && device::bounded_wait(p.ctx, g, WaitSite::kBarrier,
+                                        [&] { return reached(words(local, p.net.barrier) + g, epoch); });
+  } else {
+    if (tid < N && tid != d) net.add(tid * D + n, p.net.barrier + d * 4, 1);
+    if (!device::nvl_barrier(p.peers.control, n, D, p.ctx)) return;
+    if (tid < N && tid != d)
+      ok = device::bounded_wait(p.ctx, tid * D + n, WaitSite::kBarrier,
+                                [&] { return reached(words(local, p.net.barrier) + tid, epoch); });
+  }
   if (!__syncthreads_and(ok)) return;
-  for (int i = tid; i < C * N; i += threads) {
+  for (int i = tid; i < C * N * p.net.shape.max_parts; i += threads) {
     ints(local, p.net.tails)[i] = 0;
     ints(local, p.net.heads)[i] = 0;
   }
@@ -156,26 +224,80 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
         v = a.num_tokens_per_expert != nullptr ? a.num_tokens_per_expert[e * D * L + k - m.per_expert] : 0;
       else if (k < m.domain_channels + C)
         v = h.rdma_channel_prefix_matrix[e * C + k - m.domain_channels];
-      ints(local, e == d ? p.net.message(d) : p.net.outgoing(e))[k] = v;
+      ints(local, e != d ? p.net.outgoing(e) : kShrink ? p.net.message(d, plan.part(d, n)) : p.net.message(d))[k] = v;
     }
   }
   __threadfence_system();
   __syncthreads();
   if (p.exchange_counts)
-    for (int e = warp; e < N; e += num_warps)
-      if (e != d) net.put_warp(e * D + n, p.net.message(d), local + p.net.outgoing(e), p.net.message_bytes);
+    for (int e = warp; e < N; e += num_warps) {
+      if (e == d) continue;
+      if constexpr (kShrink) {
+        // To the forwarder of my column in e, into the part that serves it (none: e has no live rank).
+        const int f = plan.forwarder(e, n);
+        if (f != kNoForwarder)
+          net.put_warp(e * D + f, p.net.message(d, plan.part(e, n)), local + p.net.outgoing(e), p.net.message_bytes);
+      } else {
+        net.put_warp(e * D + n, p.net.message(d), local + p.net.outgoing(e), p.net.message_bytes);
+      }
+    }
   __syncthreads();
   // The arrival also tells the peer our counters are reset: its data step,
   // which writes them, starts only after it has every arrival.
-  if (tid < N && tid != d) net.arrive(tid * D + n, p.net.counts_arrived + d * 4, 1);
   ok = true;
-  if (tid < N && tid != d)
-    ok = device::bounded_wait(p.ctx, tid * D + n, WaitSite::kDispatchCounts,
-                              [&] { return reached(words(local, p.net.counts_arrived) + tid, epoch); });
+  if constexpr (kShrink) {
+    for (int g = tid; g < R; g += threads)
+      if (far_peer(g)) net.arrive(g, p.net.counts_arrived + me * 4, 1);
+    for (int g = tid; g < R; g += threads)
+      if (far_peer(g))
+        ok = ok && device::bounded_wait(p.ctx, g, WaitSite::kDispatchCounts,
+                                        [&] { return reached(words(local, p.net.counts_arrived) + g, epoch); });
+  } else {
+    if (tid < N && tid != d) net.arrive(tid * D + n, p.net.counts_arrived + d * 4, 1);
+    if (tid < N && tid != d)
+      ok = device::bounded_wait(p.ctx, tid * D + n, WaitSite::kDispatchCounts,
+                                [&] { return reached(words(local, p.net.counts_arrived) + tid, epoch); });
+  }
   if (!__syncthreads_and(ok)) return;
 
   // As forwarder: to each local rank j, what every source (s, n) sends it.
-  if (p.exchange_counts) {
+  if (kShrink && p.exchange_counts) {
+    // Part q serves column m: every source (s, m)'s message goes to my live
+    // local ranks (zeros for a masked source, which sends nothing).
+    const int source_ints = static_cast<int>(p.nvl.source_ints);
+    for (int i = tid; i < P * N * D * source_ints; i += threads) {
+      const int q = i / (N * D * source_ints), s = i / (D * source_ints) % N, j = i / source_ints % D;
+      const int k = i % source_ints, col = plan.served_column(d, n, q);
+      if (!plan.is_live(d, j)) continue;
+      const int32_t* message = ints(local, p.net.message(s, q));
+      int32_t v = 0;
+      if (!plan.is_live(s, col))
+        v = 0;
+      else if (k < kInfoInts)
+        v = message[k];
+      else if (k == kSourceCount)
+        v = message[m.per_rank + j];
+      else if (k < kSourceChannels + C)
+        v = message[m.per_channel + j * C + k - kSourceChannels];
+      else
+        v = message[m.per_expert + j * L + k - kSourceChannels - C];
+      ints(p.peers.buffers[j], p.nvl.source(s * D + col))[k] = v;
+    }
+    // Handle [3] and [4]: a row per (source domain, part).
+    for (int i = tid; i < N * P * C; i += threads) {
+      const int s = i / (P * C), q = i / C % P;
+      h.recv_rdma_channel_prefix_matrix[i] = plan.is_live(s, plan.served_column(d, n, q))
+                                                 ? ints(local, p.net.message(s, q))[m.domain_channels + i % C]
+                                                 : 0;
+    }
+    if (tid == 0) {
+      int sum = 0;
+      for (int i = 0; i < N * P; ++i) {
+        sum += h.recv_rdma_channel_prefix_matrix[i * C + C - 1];
+        h.recv_rdma_rank_prefix_sum[i] = sum;
+      }
+    }
+  } else if (p.exchange_counts) {
     const int source_ints = static_cast<int>(p.nvl.source_ints);
     for (int i = tid; i < N * D * source_ints; i += threads) {
       const int s = i / (D * source_ints), j = i / source_ints % D, k = i % source_ints;
@@ -203,9 +325,10 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   }
   __threadfence_system();
   __syncthreads();
-  if (tid < D) device::red_add_release_sys(words(p.peers.buffers[tid], p.nvl.relayed) + n, 1);
+  const bool local_peer = tid < D && (!kShrink || plan.is_live(d, tid));
+  if (local_peer) device::red_add_release_sys(words(p.peers.buffers[tid], p.nvl.relayed) + n, 1);
   ok = true;
-  if (tid < D)
+  if (local_peer)
     ok = device::bounded_wait(p.ctx, d * D + tid, WaitSite::kDispatchCounts,
                               [&] { return reached(words(self, p.nvl.relayed) + tid, epoch); });
   if (!__syncthreads_and(ok)) return;
@@ -223,10 +346,12 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   }
   const int source_ints = static_cast<int>(p.nvl.source_ints);
   const int32_t* sources = ints(self, p.nvl.sources);
+  // kShrink: a masked source sends nothing (no forwarder may have relayed its entry).
+  const auto sends = [&](int g) { return !kShrink || plan.is_live(g / D, g % D); };
   if (tid == 0) {
     int sum = 0;
     for (int g = 0; g < R; ++g) {
-      sum += sources[g * source_ints + kSourceCount];
+      sum += sends(g) ? sources[g * source_ints + kSourceCount] : 0;
       h.recv_gbl_rank_prefix_sum[g] = sum;
     }
   }
@@ -234,13 +359,14 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   for (int i = tid; i < R * C; i += threads) {
     const int g = i / C, c = i % C;
     const int start = g == 0 ? 0 : h.recv_gbl_rank_prefix_sum[g - 1];
-    h.recv_gbl_channel_prefix_matrix[i] = start + (c == 0 ? 0 : sources[g * source_ints + kSourceChannels + c - 1]);
+    h.recv_gbl_channel_prefix_matrix[i] =
+        start + (c == 0 || !sends(g) ? 0 : sources[g * source_ints + kSourceChannels + c - 1]);
   }
   __shared__ int s_failed;
   if (tid == 0) s_failed = 0;
   __syncthreads();
   for (int g = tid; g < R; g += threads) {
-    const int bad = sources[g * source_ints + 2];
+    const int bad = sends(g) ? sources[g * source_ints + 2] : 0;
     if (bad != 0) {
       s_failed = 1;
       if (g != me) device::record_error(p.ctx.errors, DeviceErrorCode::kPeerInputError, p.ctx.rank, g, bad, 0, 0);
@@ -260,13 +386,14 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   if (a.num_tokens_per_expert != nullptr)
     for (int l = tid; l < L; l += threads) {
       int sum = 0;
-      for (int g = 0; g < R; ++g) sum += sources[g * source_ints + kSourceChannels + C + l];
+      for (int g = 0; g < R; ++g) sum += sends(g) ? sources[g * source_ints + kSourceChannels + C + l] : 0;
       p.mailbox->num_recv_tokens_per_expert[l] = (sum + align - 1) / align * align;
     }
   __syncthreads();
   if (tid == 0) {
     p.mailbox->num_recv_tokens = num_recv;
-    p.mailbox->num_forward_tokens = h.recv_rdma_rank_prefix_sum[N - 1];
+    p.mailbox->num_forward_tokens = h.recv_rdma_rank_prefix_sum[N * P - 1];
+    p.mailbox->num_parts = P;
     p.mailbox->failed = s_failed;
     __threadfence_system();
     *static_cast<volatile int32_t*>(&p.mailbox->sequence) = p.sequence;
@@ -276,20 +403,34 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
 }  // namespace notify_detail
 
 // One symbol for both phases, so that a profiler shows one `notify` row.
-template <NetTransport T>
+// kShrink: shrink mode (the handle carries a live set, [10]); without it the
+// code is that of a build without shrink mode.
+template <NetTransport T, bool kShrink>
 __global__ void __launch_bounds__(kNotifyThreads, 1) internode_notify_kernel(NotifyParams p, NotifyPhase phase, T net) {
   if (phase == NotifyPhase::kCount)
-    notify_detail::count_channel(p);
+    if constexpr (kShrink)
+      notify_detail::count_channel_shrink(p);
+    else
+      notify_detail::count_channel(p);
   else
-    notify_detail::exchange(p, net);
+    notify_detail::exchange<kShrink>(p, net);
+}
+
+template <NetTransport T, bool kShrink>
+void launch_notify_as(const NotifyParams& p, const T& net, cudaStream_t stream) {
+  if (p.exchange_counts)
+    internode_notify_kernel<T, kShrink>
+        <<<p.net.shape.num_channels, kNotifyThreads, 0, stream>>>(p, NotifyPhase::kCount, net);
+  internode_notify_kernel<T, kShrink><<<1, kNotifyThreads, 0, stream>>>(p, NotifyPhase::kExchange, net);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <NetTransport T>
 void launch_notify_on(const NotifyParams& p, const T& net, cudaStream_t stream) {
-  if (p.exchange_counts)
-    internode_notify_kernel<T><<<p.net.shape.num_channels, kNotifyThreads, 0, stream>>>(p, NotifyPhase::kCount, net);
-  internode_notify_kernel<T><<<1, kNotifyThreads, 0, stream>>>(p, NotifyPhase::kExchange, net);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  if (p.counts.handle.live != nullptr)
+    launch_notify_as<T, true>(p, net, stream);
+  else
+    launch_notify_as<T, false>(p, net, stream);
 }
 
 }  // namespace turnout::kernels::internode

@@ -37,6 +37,12 @@ struct Shape {
   int net_slots = 0;          // Q_net: num_max_rdma_chunked_recv_tokens
   int nvl_slots = 0;          // Q_nvl: num_max_nvl_chunked_recv_tokens
   int slot_bytes = 0;         // one token in a ring slot
+  // Shrink mode across domains (docs/INTERNODE.md "Shrink across domains"):
+  // a live rank may forward for up to D columns, so its network rings are
+  // split into parts and its counters and counts messages are kept per
+  // (domain, part). 1 without shrink mode: the layout of today, index for
+  // index; D with it (the most parts a rank can have).
+  int max_parts = 1;
 };
 
 // A block pair runs the warps of K channels side by side: a channel's
@@ -56,7 +62,7 @@ __host__ __device__ inline int channels_per_block(int num_domains, int num_nvl_r
 // each channel with 1/K of the config's network (net_slots) and NVL
 // (nvl_slots) ring slots.
 inline Shape make_shape(int num_domains, int num_nvl_ranks, int num_sms, int net_slots, int nvl_slots,
-                        int num_local_experts, int slot_bytes) {
+                        int num_local_experts, int slot_bytes, bool shrink = false) {
   const int k = channels_per_block(num_domains, num_nvl_ranks);
   Shape s;
   s.num_domains = num_domains;
@@ -66,6 +72,7 @@ inline Shape make_shape(int num_domains, int num_nvl_ranks, int num_sms, int net
   s.net_slots = net_slots / k;
   s.nvl_slots = nvl_slots / k;
   s.slot_bytes = slot_bytes;
+  s.max_parts = shrink ? num_nvl_ranks : 1;
   return s;
 }
 
@@ -86,17 +93,22 @@ inline constexpr int kSourceChannels = kInfoInts + 1;
 
 // The network region. "[s]" arrays are written by the domain peer (s, my
 // local index) through NVSHMEM; counters only grow, so nothing is zeroed
-// between calls.
+// between calls. With shrink mode (max_parts = D) the barrier and arrival
+// counters have a word per global rank (every far rank meets every other, so
+// that a rank that starts to forward for a masked column finds its new
+// sources' counters in step), and messages, tails and heads a word per
+// (domain, part): part p of a rank's rings serves the p-th column it forwards
+// (Forwarders::part), in slots [p Q / P, (p + 1) Q / P) of the ring.
 struct NetRegion {
   Shape shape;
-  int64_t barrier = 0;         // uint32 [N]: barriers domain peer s has reached
-  int64_t counts_arrived = 0;  // uint32 [N]: counts messages of peer s that have landed
+  int64_t barrier = 0;         // uint32 [N] ([R] with shrink): barriers peer s (rank g) has reached
+  int64_t counts_arrived = 0;  // uint32 [N] ([R] with shrink): counts messages of peer s (rank g) landed
   int64_t epoch = 0;           // uint32: this rank's own completed counts steps
-  int64_t counts = 0;          // [N] messages of message_bytes: what peer s sends my domain ([d]: my own)
+  int64_t counts = 0;          // [N][P] messages of message_bytes: what source (s, part p) sends my domain
   int64_t outbox = 0;          // [N] messages: what I put to domain e (registered memory a put reads)
   int64_t message_bytes = 0;
-  int64_t tails = 0;        // int32 [C][N]: tokens peer s has put into my ring (c, s)
-  int64_t heads = 0;        // int32 [C][N]: tokens domain e's forwarder has drained of what I put there
+  int64_t tails = 0;        // int32 [C][N][P]: tokens source (s, p) has put into my ring (c, s) part p
+  int64_t heads = 0;        // int32 [C][N][P]: tokens domain e's forwarder has drained of what I put there
   int64_t recv_rings = 0;   // [C][N][Q_net] slots: ring (c, s) is written by peer s
   int64_t stage_rings = 0;  // [C][N][Q_net] slots: what I put to domain e, at the slot it lands in
   int64_t total = 0;
@@ -110,21 +122,45 @@ struct NetRegion {
                          int64_t(s.num_nvl_ranks) * s.num_local_experts + s.num_channels;
     return align_up(ints * 4, 16);
   }
+  // Without shrink mode (max_parts 1): a message, tail and head per domain.
   __host__ __device__ int64_t message(int source_domain) const { return counts + source_domain * message_bytes; }
-  __host__ __device__ int64_t outgoing(int domain) const { return outbox + domain * message_bytes; }
   __host__ __device__ int64_t tail(int channel, int domain) const {
     return tails + (int64_t(channel) * shape.num_domains + domain) * 4;
   }
   __host__ __device__ int64_t head(int channel, int domain) const {
     return heads + (int64_t(channel) * shape.num_domains + domain) * 4;
   }
+  // Shrink mode: per (domain, part).
+  __host__ __device__ int64_t message(int source_domain, int part) const {
+    return counts + (int64_t(source_domain) * shape.max_parts + part) * message_bytes;
+  }
+  __host__ __device__ int64_t tail(int channel, int domain, int part) const {
+    return tails + ((int64_t(channel) * shape.num_domains + domain) * shape.max_parts + part) * 4;
+  }
+  __host__ __device__ int64_t head(int channel, int domain, int part) const {
+    return heads + ((int64_t(channel) * shape.num_domains + domain) * shape.max_parts + part) * 4;
+  }
+  __host__ __device__ int64_t outgoing(int domain) const { return outbox + domain * message_bytes; }
   __host__ __device__ int64_t recv_slot(int channel, int domain, int slot) const {
     return recv_rings + ((int64_t(channel) * shape.num_domains + domain) * shape.net_slots + slot) * shape.slot_bytes;
   }
   __host__ __device__ int64_t stage_slot(int channel, int domain, int slot) const {
     return stage_rings + ((int64_t(channel) * shape.num_domains + domain) * shape.net_slots + slot) * shape.slot_bytes;
   }
+  // Counter words of the barrier and arrival arrays, and their count.
+  __host__ __device__ int counter_words() const {
+    return shape.max_parts == 1 ? shape.num_domains : shape.num_domains * shape.num_nvl_ranks;
+  }
 };
+
+// Part p of P of a ring of Q slots: its first slot and its slots. A part is
+// never empty: the host refuses a ring of fewer slots than parts.
+__host__ __device__ inline int part_first_slot(int ring_slots, int num_parts, int part) {
+  return ring_slots / num_parts * part;
+}
+__host__ __device__ inline int part_slots(int ring_slots, int num_parts) {
+  return ring_slots / num_parts;
+}
 
 inline NetRegion make_net_region(const Shape& s) {
   NetRegion r;
@@ -136,14 +172,15 @@ inline NetRegion make_net_region(const Shape& s) {
     return start;
   };
   const int64_t N = s.num_domains, C = s.num_channels;
-  r.barrier = take(N * 4);
-  r.counts_arrived = take(N * 4);
+  const int64_t P = s.max_parts, words = P == 1 ? N : N * s.num_nvl_ranks;
+  r.barrier = take(words * 4);
+  r.counts_arrived = take(words * 4);
   r.epoch = take(4);
-  r.tails = take(C * N * 4);
-  r.heads = take(C * N * 4);
+  r.tails = take(C * N * P * 4);
+  r.heads = take(C * N * P * 4);
   r.message_bytes = NetRegion::message_size(s);
   // Last, so no other offset depends on the expert count.
-  r.counts = take(N * r.message_bytes);
+  r.counts = take(N * P * r.message_bytes);
   r.outbox = take(N * r.message_bytes);
   r.recv_rings = at > kNetMetaBytes ? at : kNetMetaBytes;
   const int64_t ring_bytes = C * N * s.net_slots * int64_t(s.slot_bytes);

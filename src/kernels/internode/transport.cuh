@@ -50,4 +50,22 @@ __device__ __forceinline__ void put_staged(const T& net, const NetRegion& r, int
   if (lane == 0) net.arrive(pe, r.tail(c, from), static_cast<uint32_t>(count));
 }
 
+// put_staged for a part of the rings (shrink mode): the part's slots are
+// [first, first + Q) of both rings, and its tail word is (c, from, part).
+template <NetTransport T>
+__device__ __forceinline__ void put_staged_part(const T& net, const NetRegion& r, int slot_bytes, int pe, int c,
+                                                int from, int to, int part, int first_slot, int Q, int& put, int placed,
+                                                int lane) {
+  if (put == placed) return;
+  const int count = placed - put;
+  while (put < placed) {
+    const int first = put % Q, run = placed - put < Q - first ? placed - put : Q - first;
+    net.put_warp(pe, r.recv_slot(c, from, first_slot + first), net.local() + r.stage_slot(c, to, first_slot + first),
+                 static_cast<int64_t>(run) * slot_bytes);
+    put += run;
+  }
+  __syncwarp();
+  if (lane == 0) net.arrive(pe, r.tail(c, from, part), static_cast<uint32_t>(count));
+}
+
 }  // namespace turnout::kernels::internode

@@ -28,6 +28,7 @@ BufferShape begin_op(BufferCore& core, const char* op, const Config& config) {
   shape.num_sms = std::min(config.num_sms, core.sm_budget());
   shape.num_nvl_bytes = core.options().num_nvl_bytes;
   shape.num_rdma_bytes = core.internode_bytes();
+  shape.shrink = core.options().enable_shrink;
   return shape;
 }
 

@@ -29,7 +29,7 @@ int channels_per_block(const BufferShape& shape) {
 Regions regions(const BufferShape& shape, const Config& config, int num_local_experts, int slot_bytes) {
   const ki::Shape s =
       ki::make_shape(num_domains(shape), shape.num_nvl_ranks, shape.num_sms, config.num_max_rdma_chunked_recv_tokens,
-                     config.num_max_nvl_chunked_recv_tokens, num_local_experts, slot_bytes);
+                     config.num_max_nvl_chunked_recv_tokens, num_local_experts, slot_bytes, shape.shrink);
   return {ki::make_net_region(s), ki::make_nvl_region(s)};
 }
 
@@ -103,6 +103,15 @@ void check_config(const char* op, const Config& c, const BufferShape& shape) {
     return "config.num_max_rdma_chunked_recv_tokens must be at least " + str(k) + " (the channels a block runs), got " +
            str(c.num_max_rdma_chunked_recv_tokens);
   });
+  // Shrink mode: a rank may forward for every column of its domain, each
+  // with a part of a channel's network ring; a part needs a slot at least
+  // (chunks are clamped to a part, docs/INTERNODE.md "Shrink across domains").
+  if (shape.shrink)
+    require(c.num_max_rdma_chunked_recv_tokens / k >= shape.num_nvl_ranks, op, [&] {
+      return "config.num_max_rdma_chunked_recv_tokens must be at least " + str(k * shape.num_nvl_ranks) +
+             " in shrink mode (the " + str(k) + " channels a block runs times the " + str(shape.num_nvl_ranks) +
+             " columns a rank may forward for), got " + str(c.num_max_rdma_chunked_recv_tokens);
+    });
 }
 
 void check_handle(const char* op, const InternodeHandle& h, const BufferShape& shape, bool counts_written) {
@@ -115,6 +124,9 @@ void check_handle(const char* op, const InternodeHandle& h, const BufferShape& s
            " channels each): pass the dispatch's config";
   });
   require(h.num_tokens == 0 || h.is_token_in_rank, op, "handle[0] (is_token_in_rank) must be given");
+  require(shape.shrink == (h.live != nullptr), op,
+          shape.shrink ? "a shrink-mode buffer's handle carries its live set (entry [10])"
+                       : "handle[10] (the live set) belongs to shrink mode only");
   require(h.rdma_channel_prefix_matrix && h.gbl_channel_prefix_matrix && h.recv_rdma_channel_prefix_matrix &&
               h.recv_rdma_rank_prefix_sum && h.recv_gbl_channel_prefix_matrix && h.recv_gbl_rank_prefix_sum,
           op, "the handle's entries [1] to [6] must be given");

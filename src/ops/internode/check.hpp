@@ -19,6 +19,7 @@ struct BufferShape {
   int num_sms = 0;            // the SMs the call runs on (the config's, within the budget)
   size_t num_nvl_bytes = 0;   // the user part of the NVL buffer
   size_t num_rdma_bytes = 0;  // the network region
+  bool shrink = false;        // enable_shrink: handles carry the live set, rings split into parts
 };
 
 // Both memories of one call.

@@ -10,7 +10,10 @@ void combine(BufferCore& core, const InternodeCombineArgs& a, cudaStream_t strea
   const BufferShape shape = begin_op(core, op, a.config);
   const Regions regions = check_combine(a, shape);
   core.begin_call();
-  launch_notify(core, notify_params(core, regions, false, {}, OpKind::kCombine), op, stream);
+  // The counts step meets the dispatch's peers (shrink mode: the handle's live set).
+  InternodeDispatchCountsArgs meet;
+  meet.handle = a.handle;
+  launch_notify(core, notify_params(core, regions, false, meet, OpKind::kCombine), op, stream);
   const Topology& t = core.topology();
   kernels::internode::CombineParams p{};
   p.peers = {core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks, t.num_nvl_ranks};

@@ -35,6 +35,7 @@ InternodeDispatchCounts wait_recv_counts(BufferCore& core, intranode::CountsMail
   InternodeDispatchCounts out;
   out.num_recv_tokens = box->num_recv_tokens;
   out.num_forward_tokens = box->num_forward_tokens;
+  out.num_parts = box->num_parts;
   out.num_recv_tokens_per_expert.assign(box->num_recv_tokens_per_expert,
                                         box->num_recv_tokens_per_expert + experts_per_rank);
   return out;
@@ -53,6 +54,7 @@ kernels::internode::NotifyParams notify_params(BufferCore& core, const Regions& 
   p.exchange_counts = exchange_counts;
   p.counts = counts;
   p.ctx = core.wait_context(op);
+  p.mask = const_cast<int32_t*>(core.mask());
   return p;
 }
 
