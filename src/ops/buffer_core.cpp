@@ -47,6 +47,12 @@ struct RankInfo {
 
 namespace {
 
+// TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1: shrink mode across NVL domains.
+bool experimental_internode_shrink() {
+  const char* env = std::getenv("TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK");
+  return env != nullptr && std::string(env) == "1";
+}
+
 double seconds_from_env(const char* name, double fallback) {
   const char* env = std::getenv(name);
   if (!env || !*env) return fallback;
@@ -145,10 +151,14 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
                        " NVL domains and ranks per domain together (a warp each in one block); this group has " +
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
-  if (internode && options.enable_shrink)
+  // Shrink mode across domains: built for ranks masked before a call, never
+  // run on a GPU yet (docs/INTERNODE.md "Shrink across domains"), so only
+  // behind an explicit opt-in.
+  if (internode && options.enable_shrink && !experimental_internode_shrink())
     throw NotSupported(
         "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
-        "available in this version of turnout");
+        "available in this version of turnout (an untested first version: set "
+        "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;
@@ -325,6 +335,18 @@ void BufferCore::destroy() {
 
 bool BufferCore::must_leave_nvshmem_alone(cudaError_t device_status) {
   if (device_status != cudaSuccess || errors_.timed_out()) return true;
+  if (low_latency_nvshmem_ == nullptr) {
+    // Internode mode (experimental shrink across domains) has no group
+    // barrier to vote with: the verdict is this rank's own mask, which the
+    // callers keep alike on every rank (a rank masked before the calls masks
+    // itself too). Ranks lost inside a call are not covered yet.
+    std::vector<int32_t> mask(static_cast<size_t>(topology_.num_ranks), 1);
+    if (cudaMemcpy(mask.data(), mask_.get(), mask.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return true;
+    for (int32_t m : mask)
+      if (m != 0) return true;
+    return false;
+  }
   try {
     const DeviceMemory verdict = allocate_device(sizeof(int32_t));
     kernels::low_latency::BarrierArgs args;
