@@ -30,7 +30,9 @@ def buffer_bytes(hidden: int, n: int, domain: int):
     return c.get_nvl_buffer_size_hint(hidden * 2, n), c.get_rdma_buffer_size_hint(hidden * 2, n, domain)
 
 
-def reference_dispatch(case: Case, n: int, domain: int, all_inputs, channels: int, x_override=None):
+def reference_dispatch(case: Case, n: int, domain: int, all_inputs, channels: int, x_override=None, live=None):
+    """live: None (every rank) or a truth value per rank (shrink mode: the
+    reference reduces the routing and forwards through substitutes)."""
     xs = x_override if x_override is not None else [i.x for i in all_inputs]
     return turnout_reference.internode_dispatch(
         [x_bytes(x) for x in xs],
@@ -38,7 +40,7 @@ def reference_dispatch(case: Case, n: int, domain: int, all_inputs, channels: in
         [i.topk_idx.numpy() if case.topk else None for i in all_inputs],
         [i.topk_weights.numpy() if case.topk else None for i in all_inputs],
         [i.is_token_in_rank for i in all_inputs],
-        case.experts, case.alignment, domain, channels)
+        case.experts, case.alignment, domain, channels, live=live)
 
 
 def dispatch(buf, case: Case, inp, device, **kwargs):
@@ -76,9 +78,10 @@ def check_rows(recv_x, recv_topk_idx, recv_topk_weights, ref, case: Case, what: 
             assert bool((recv_topk_idx[n_ref:] == -1).all()), f"{what}: padding rows must have top-k -1"
 
 
-def check_dispatch(out, ref, case: Case, what: str, worst: int = 0) -> None:
+def check_dispatch(out, ref, case: Case, what: str, worst: int = 0, shrink: bool = False) -> None:
     """Rows and the handle's entries 0-8 bitwise, entry 9's -1 marks (its
-    places are in forward order, as the reference's)."""
+    places are in forward order, as the reference's). shrink: the handle has
+    an eleventh entry, the live set, checked against the reference's."""
     recv_x, recv_topk_idx, recv_topk_weights, per_expert, handle, _ = out
     check_rows(recv_x, recv_topk_idx, recv_topk_weights, ref, case, what, worst)
     if worst:
@@ -86,8 +89,18 @@ def check_dispatch(out, ref, case: Case, what: str, worst: int = 0) -> None:
     elif case.topk:
         assert list(per_expert) == list(ref.num_recv_tokens_per_expert), \
             f"{what}: num_recv_tokens_per_expert {per_expert} != {list(ref.num_recv_tokens_per_expert)}"
-    assert isinstance(handle, turnout.InternodeHandle) and len(handle) == 10, f"{what}: the handle's layout"
-    assert_equal(handle[0], ref.is_token_in_rank.astype(bool), f"{what}: handle[0]")
+    assert isinstance(handle, turnout.InternodeHandle) and len(handle) == (11 if shrink else 10), \
+        f"{what}: the handle's layout"
+    if shrink:
+        live = ref.live.astype(np.int64)
+        words = [sum(int(live[r]) << (r - 32 * w) for r in range(32 * w, min(32 * w + 32, len(live))))
+                 for w in range((len(live) + 31) // 32)]
+        got = [int(v) & 0xFFFFFFFF for v in handle[10].cpu().tolist()]
+        assert got == words, f"{what}: handle[10] (live) {got} != {words}"
+    else:
+        # handle[0] is the user's is_token_in_rank; in shrink mode the kernels
+        # clear masked columns as they read it, so it may differ from the reduced one.
+        assert_equal(handle[0], ref.is_token_in_rank.astype(bool), f"{what}: handle[0]")
     for i, name in enumerate(("rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
                               "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum",
                               "recv_gbl_channel_prefix_matrix", "recv_gbl_rank_prefix_sum"), start=1):
@@ -115,7 +128,8 @@ def combine(buf, case: Case, n: int, rank: int, out, device, num_recv: int, **kw
 
 
 def reference_combine(case: Case, n: int, refs, rank: int):
-    """``rank``'s fp64 two-level combine, remote partials rounded to bf16."""
+    """``rank``'s fp64 two-level combine, remote partials rounded to bf16
+    (shrink mode: over the dispatch's live set, which refs carry)."""
     xs, ws, b0, b1 = [], [], [], []
     for r in range(n):
         x, biases = combine_inputs(case, n, r, refs[r].num_recv, with_biases=r == rank)

@@ -258,21 +258,99 @@ def megatron_and_torchtitan(ctx) -> None:
         check_rows(cached[0], None, None, cached_refs[me], no_topk, f"{what} cached dispatch")
 
 
+SHRINK_OPT_IN = "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK"
+
+
 def shrink_refused(ctx) -> None:
-    """Shrink mode is not available in internode mode yet: refused by name on every rank, before NVSHMEM starts."""
+    """Shrink mode across domains is refused by name on every rank, before
+    NVSHMEM starts, unless TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 opts in."""
     import turnout
     from harness import assert_raises
 
+    if os.environ.get(SHRINK_OPT_IN) == "1":
+        ctx.skip(f"{SHRINK_OPT_IN}=1 opts in to shrink mode across domains (shrink_masked runs it)")
     n = ctx.world_size
     assert_raises(NotImplementedError, lambda: turnout.Buffer(ctx.groups[n], 1 << 20, 1 << 20, enable_shrink=True,
                                                               explicitly_destroy=True),
                   "enable_shrink", "internode")
 
 
+def shrink_masked_set(n: int, d: int):
+    """The ranks shrink_masked masks, and what that exercises.
+    TURNOUT_SHRINK_MASKED="1,2" names others."""
+    named = os.environ.get("TURNOUT_SHRINK_MASKED")
+    if named:
+        return {int(r) for r in named.split(",")}, f"TURNOUT_SHRINK_MASKED={named}"
+    if d == 1:
+        return {0}, "a domain's only rank: no token reaches domain 0"
+    if n // d == 2 and d == 2:
+        return {1, 2}, "a forwarder of column 1 and one of column 0: each domain's only survivor forwards both"
+    return {1, n - d}, "the forwarder of column 1 in domain 0 and of column 0 in the last domain"
+
+
+def shrink_masked(ctx) -> None:
+    """Shrink mode across domains, ranks masked by the API before the calls
+    (low_latency_update_mask_buffer on every rank, the masked ones too, so
+    that every rank's destroy leaves NVSHMEM alike): the masked ranks make no
+    call; each survivor's dispatch (rows and handle, [10] the live set), a
+    cached dispatch of the same rows, and combine against the reference with
+    live=, whose substitute forwarders the kernels must match. Only with
+    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (an untested first version); ranks
+    lost inside a call are not covered. NVSHMEM stays initialized after it
+    (a peer was masked), so it runs last in its job, one masked set a job."""
+    import torch
+
+    from harness import assert_equal
+    from internode_cases import (
+        buffer_bytes,
+        check_combine,
+        check_dispatch,
+        combine,
+        config,
+        dispatch,
+        reference_combine,
+        reference_dispatch,
+    )
+    from intranode_cases import Case, inputs_of, x_on_device
+
+    if os.environ.get(SHRINK_OPT_IN) != "1":
+        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    masked, role = shrink_masked_set(n, d)
+    live = [r not in masked for r in range(n)]
+    cases = (Case("uniform", 128, 512, 8, 64, biases=1), Case("holes", 96, 512, 6, 32),
+             Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4))
+    nvl, rdma = buffer_bytes(1024, n, d)
+    with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True) as buf:
+        for r in sorted(masked):
+            buf.low_latency_update_mask_buffer(r, mask=True)
+        torch.cuda.synchronize()
+        if me not in masked:
+            for case in cases:
+                what = f"{n} ranks as {n // d} domains of {d}, masked {sorted(masked)} ({role}), {case}"
+                inputs = [inputs_of(case, n, r) for r in range(n)]
+                out = dispatch(buf, case, inputs[me], dev)
+                torch.cuda.synchronize()
+                channels = out[4][1].shape[1]
+                refs = reference_dispatch(case, n, d, inputs, channels, live=live)
+                check_dispatch(out, refs[me], case, f"{what}: dispatch", shrink=True)
+                again = buf.dispatch(x_on_device(inputs[me].x, dev), handle=out[4], config=config())
+                torch.cuda.synchronize()
+                first, second = (out[0][0], again[0][0]) if case.fp8 else (out[0], again[0])
+                assert_equal(second.view(torch.uint8), first.view(torch.uint8), f"{what}: cached dispatch rows")
+                back = combine(buf, case, n, me, out, dev, refs[me].num_recv)
+                torch.cuda.synchronize()
+                check_combine(back, reference_combine(case, n, refs, me), case, f"{what}: combine")
+        # The masked ranks wait here while the survivors run.
+        ctx.all_gather(None)
+
+
 TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
          "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
          "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
-         "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan}
+         "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan,
+         # Last: it leaves NVSHMEM initialized in its processes.
+         "shrink_masked": shrink_masked}
 
 
 def job(rank: int, world_size: int, tests):
