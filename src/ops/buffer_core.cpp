@@ -307,6 +307,7 @@ void BufferCore::destroy() {
                  "allocated until this process exits\n",
                  topology_.rank);
     low_latency_symmetric_.abandon();
+    internode_symmetric_.abandon();
     nvshmem_->abandon();
   }
   peer_user_table_.reset();
