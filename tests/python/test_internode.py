@@ -206,6 +206,36 @@ def test_num_worst_tokens_sizes_the_outputs_without_the_counts(monkeypatch):
     assert handle[7].shape == (32, 2) and handle[9].shape == (4 * 32, 4)
 
 
+def test_shrink_mode_handles_carry_the_live_set_and_a_row_per_part(monkeypatch):
+    patch_streams(monkeypatch)
+    native = InternodeNative(answer=(7, 5, [3, 4], 2))
+    native.shrink_enabled = True
+    context = make_context(native=native)
+    handle = run_dispatch(context)[4]
+    # 8 ranks as 2 domains of 4; this rank forwards for 2 columns: [3] and [4] get 2 x 2 rows.
+    assert isinstance(handle, InternodeHandle) and len(handle) == 11
+    assert [tuple(t.shape) for t in handle[1:]] == [(2, 10), (8, 10), (4, 10), (4,), (8, 10), (8,), (7, 2), (6, 2),
+                                                    (5, 4), (1,)]
+    (_, counts), (_, data) = context.native.calls[:2]
+    assert counts["handle"][10] == handle[10].data_ptr() != 0
+    assert data["handle"] == [t.data_ptr() for t in handle]
+    # The same handle serves a cached dispatch and a combine; one without [10] is refused.
+    run_dispatch(context, handle=handle, topk_idx=None, topk_weights=None)
+    assert context.native.calls[-1][1]["handle"][10] == handle[10].data_ptr()
+    internode.combine(context, torch.zeros(7, HIDDEN, dtype=torch.bfloat16), handle, None, None,
+                      Config(20, 8, 256, 16, 128), None, False, False)
+    assert context.native.calls[-1][1]["handle"][10] == handle[10].data_ptr()
+    with pytest.raises(TypeError, match="eleven-entry handle"):
+        check_handle(context, "combine", tuple(handle[:10]), 10)
+    bad = list(handle)
+    bad[4] = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape("handle[4] (recv_rdma_rank_prefix_sum)")):
+        check_handle(context, "combine", tuple(bad), 10)
+    # The host learns the parts only by waiting for the counts.
+    with pytest.raises(NotImplementedError, match="num_worst_tokens"):
+        run_dispatch(context, num_worst_tokens=32)
+
+
 def test_channels_follow_the_sm_budget(monkeypatch):
     patch_streams(monkeypatch)
     context = make_context(native=InternodeNative(sm_budget=8))
