@@ -7,7 +7,7 @@ the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs); with 8 ranks,
 16 as 2 domains of 8. Ranks that
 share a GPU run under an MPS daemon of the job's own, their shares summing to
 100. TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain
-size."""
+size; TURNOUT_DOMAIN_TESTS="shrink_masked" only those of TESTS."""
 import os
 import subprocess
 import sys
@@ -46,18 +46,21 @@ def test_internode_across_domains(ctx):
     if ctx.rank != 0:
         return
     script = Path(__file__).resolve().parent / "internode_domains_job.py"
+    keep = os.environ.get("TURNOUT_DOMAIN_TESTS")
+    tests = [t for t in TESTS if t in keep.split()] if keep else list(TESTS)
+    assert tests, f"TURNOUT_DOMAIN_TESTS={keep!r} names none of {TESTS}"
     for ranks, domain in jobs:
         env = smoke_env(ranks, ctx.num_devices)
         # The job starts an MPS daemon of its own where its ranks share GPUs.
         env = {k: v for k, v in env.items() if not k.startswith("CUDA_MPS_")}
         env["TURNOUT_NVL_DOMAIN_SIZE"] = str(domain)
         what = f"{ranks} ranks as {ranks // domain} domains of {domain}"
-        out = subprocess.run([sys.executable, str(script), str(ranks), str(domain), *TESTS],
+        out = subprocess.run([sys.executable, str(script), str(ranks), str(domain), *tests],
                              capture_output=True, text=True, timeout=900, env=env)
         print(f"{what}:\n{out.stdout}", flush=True)
         assert out.returncode == 0, f"{what}: job exit {out.returncode}\n{out.stdout}\n{out.stderr[-6000:]}"
         done = out.stdout.count("[rank 0] PASS") + out.stdout.count("[rank 0] SKIP")
-        assert done == len(TESTS) and "[rank 0] PASS" in out.stdout, f"{what}: {done} of {len(TESTS)} reported"
+        assert done == len(tests) and "[rank 0] PASS" in out.stdout, f"{what}: {done} of {len(tests)} reported"
 
 
 test_internode_across_domains.timeout = 2400
