@@ -20,3 +20,17 @@ ON_REQUEST = ("internode",)
 #: the other subcommands keep their fixed shape.
 SHAPE_OPTIONS = {"low_latency": {"tokens": 128, "hidden": 7168, "experts": 288, "topk": 8},
                  "internode": {"tokens": 4096, "hidden": 7168, "experts": 256, "topk": 8}}
+
+
+def shape_problem(shape: dict, num_ranks: int):
+    """What a shape-taking subcommand itself needs of its shape (the library
+    checks the rest): the first problem as a message, or None."""
+    from .wire import SCALE_GROUP
+
+    if shape["experts"] % num_ranks:
+        return f"--experts ({shape['experts']}) must be a multiple of the ranks ({num_ranks})"
+    if shape["hidden"] % SCALE_GROUP:
+        return f"--hidden ({shape['hidden']}) must be a multiple of {SCALE_GROUP} (FP8 scales)"
+    if shape["topk"] > shape["experts"]:
+        return f"--topk ({shape['topk']}) exceeds --experts ({shape['experts']})"
+    return None

@@ -24,13 +24,14 @@ from .. import Config
 from ..buffer import Buffer
 from ..gpu_sharing import find_mps_control
 from ..launch import gpus_shared, run_on_local_gpus
-from . import SHAPE_OPTIONS
+from . import SHAPE_OPTIONS, shape_problem
 from .internode_wire import network_counts
 from .intranode import inputs
 from .low_latency import EMULATED_LABEL, SHARED_LABEL
 from .progress import Progress
 from .report import Refused, column, range_column
 from .timing import merge_ranks, time_each
+from .wire import SCALE_GROUP
 
 TITLE = "internode: dispatch / combine across declared NVL domains, and network bytes per rank and call"
 DOMAIN_ENV = "TURNOUT_NVL_DOMAIN_SIZE"
@@ -60,7 +61,6 @@ FLUSH_BYTES = 256 << 20
 # Chunks as the GPU job's tested config: network puts of up to 16 tokens into
 # rings of 128, NVL rings of 256 that combine splits per source domain.
 NVL_SEND, NVL_RECV, RDMA_SEND, RDMA_RECV = 8, 256, 16, 128
-SCALE_GROUP = 128
 OPS = ("dispatch BF16", "dispatch FP8", "combine BF16")
 
 
@@ -93,13 +93,9 @@ def declared_domain_size(num_ranks: int, environ=None) -> int:
 
 
 def check_shape(shape: Dict[str, int], num_ranks: int) -> None:
-    """What the bench itself needs of the shape (the library checks the rest)."""
-    if shape["experts"] % num_ranks:
-        raise Refused(f"internode: --experts ({shape['experts']}) must be a multiple of the ranks ({num_ranks})")
-    if shape["hidden"] % SCALE_GROUP:
-        raise Refused(f"internode: --hidden ({shape['hidden']}) must be a multiple of {SCALE_GROUP} (FP8 scales)")
-    if shape["topk"] > shape["experts"]:
-        raise Refused(f"internode: --topk ({shape['topk']}) exceeds --experts ({shape['experts']})")
+    problem = shape_problem(shape, num_ranks)
+    if problem:
+        raise Refused(f"internode: {problem}")
 
 
 def wire_rows(in_ranks, rank: int, domain: int, shape: Dict[str, int], channels_per_block: int = 1) -> List[Dict]:

@@ -41,11 +41,11 @@ import torch.distributed as dist
 
 from ..buffer import Buffer
 from ..launch import gpus_shared, run_on_local_gpus
-from . import SHAPE_OPTIONS
+from . import SHAPE_OPTIONS, shape_problem
 from .progress import Progress
 from .report import column
 from .timing import merge_ranks, time_parts
-from .wire import PAIRS_NOTE, SCALE_GROUP, wire_bytes
+from .wire import PAIRS_NOTE, wire_bytes
 
 TITLE = "low_latency: GPU time per call, host time per call and wire bytes per rank and call (median over ranks)"
 SHARED_LABEL = "ranks sharing one GPU: not NVLink figures"
@@ -487,13 +487,9 @@ def finish(rows: List[Dict], num_ranks: int, shared: bool) -> List[Dict]:
 
 
 def check_shape(shape: Dict[str, int], num_ranks: int) -> None:
-    """What the bench itself needs of the shape (the library checks the rest)."""
-    if shape["experts"] % num_ranks:
-        raise ValueError(f"low_latency: --experts ({shape['experts']}) must be a multiple of the ranks ({num_ranks})")
-    if shape["hidden"] % SCALE_GROUP:
-        raise ValueError(f"low_latency: --hidden ({shape['hidden']}) must be a multiple of {SCALE_GROUP} (FP8)")
-    if shape["topk"] > shape["experts"]:
-        raise ValueError(f"low_latency: --topk ({shape['topk']}) exceeds --experts ({shape['experts']})")
+    problem = shape_problem(shape, num_ranks)
+    if problem:
+        raise ValueError(f"low_latency: {problem}")
 
 
 def run(num_ranks: Optional[int], quick: bool, **shape: int) -> List[Dict]:
