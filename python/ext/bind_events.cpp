@@ -29,6 +29,9 @@ EventRing::EventRing(int device, int size) {
 
 nb::object EventRing::record(cudaStream_t s) {
   TURNOUT_CUDA_CHECK(cudaEventRecord(events_[next_]->get(), s));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  captured_ = status != cudaStreamCaptureStatusNone;
   nb::object event = objects_[next_];
   next_ = (next_ + 1) % events_.size();
   return event;
@@ -76,7 +79,9 @@ void bind_events(nb::module_& m) {
            "Waits on the host until the work recorded before the event has finished.");
   nb::class_<EventRing>(m, "EventRing")
       .def(nb::init<int, int>(), "device"_a, "size"_a)
-      .def_prop_ro("size", &EventRing::size);
+      .def_prop_ro("size", &EventRing::size)
+      .def_prop_ro("captured", &EventRing::captured,
+                   "Whether the last event was recorded inside a CUDA-graph capture.");
 }
 
 }  // namespace turnout::bindings

@@ -42,12 +42,18 @@ class EventRing {
 
   int size() const { return static_cast<int>(events_.size()); }
 
+  // Whether the last record() was made inside a CUDA-graph capture: the
+  // Python layer then neither queries the event nor queues the call's tensors.
+  // Read here, after the launch, it costs a fraction of a torch capture query.
+  bool captured() const { return captured_; }
+
  private:
   // The Python objects own the events; the ring holds a reference to each
   // and their C++ address for record().
   std::vector<nb::object> objects_;
   std::vector<CommEvent*> events_;
   size_t next_ = 0;
+  bool captured_ = false;
 };
 
 }  // namespace turnout::bindings

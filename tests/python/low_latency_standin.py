@@ -56,6 +56,8 @@ class FakeRing:
         self.events = [FakeEvent(i) for i in range(size)]
         self.next = 0
         self.records = []
+        # Whether the stream of the last record was capturing (tests set it).
+        self.captured = False
 
     def record(self, stream):
         event = self.events[self.next]
@@ -128,12 +130,11 @@ COMM_STREAM = 0x2000
 
 def patch_streams(monkeypatch):
     """Makes the ops (and EventOverlap) read the caller's stream from a list
-    (tests change it there), and see no CUDA-graph capture; returns the list."""
+    (tests change it there); returns the list."""
     current = [CALLER_STREAM]
     monkeypatch.setattr(ll, "current_raw_stream", lambda device_index: current[0])
     monkeypatch.setattr(streams, "current_raw_stream", lambda device_index: current[0])
     monkeypatch.setattr(event, "current_stream_handle", lambda: current[0])
-    monkeypatch.setattr(ll, "stream_capturing", lambda: False)
     return current
 
 

@@ -461,7 +461,7 @@ def test_an_async_call_inside_a_graph_capture_neither_queries_nor_queues(monkeyp
     state, events, every = context.low_latency, context.low_latency.ring.events, ll.RELEASE_EVERY
     for t in range(1, every + 1):
         async_call_holding(context, t)  # the next call would ask the oldest
-    monkeypatch.setattr(ll, "stream_capturing", lambda: True)
+    state.ring.captured = True
     x, topk_idx = inputs(tokens=every + 1)
     event = dispatch(context, x, topk_idx, async_finish=True)[3]
     assert event.event is events[every] and event.extra_tensors[0] is x, "the EventOverlap keeps the tensors"

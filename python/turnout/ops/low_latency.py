@@ -56,11 +56,6 @@ EVENT_RING_SIZE = 16
 # completed call's tensors wait at most this many async calls longer.
 RELEASE_EVERY = 4
 
-# Whether the current stream is capturing a CUDA graph: querying an event then
-# is not allowed (it would end the capture).
-_capturing_getter = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-stream_capturing = _capturing_getter if _capturing_getter is not None else (lambda: False)
-
 
 class _OutputSet:
     """One dispatch's outputs, the native args that point at them, and the
@@ -361,7 +356,10 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     launch = context.native.low_latency_dispatch
     if async_finish or return_recv_hook:
         tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
-        event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
+        if async_finish:
+            event, hook = _launch_async(context, state, launch, args, tensors), None
+        else:
+            event, hook = EventOverlap(), _launch_send(context, state, op, launch, args, tensors)
     else:
         event, hook = _launch_plain(context, state, launch, args), None
     handle = LowLatencyHandle(outputs.handle_entries)
@@ -369,15 +367,10 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     return outputs.result, outputs.recv_count, handle, event, hook
 
 
-def _launch(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple,
-            async_finish: bool):
-    """Runs an async_finish op, or the send of a return_recv_hook op with a
-    hook for the receive; returns ``(event, hook)``."""
-    stream = current_raw_stream(context.device_index)
-    if async_finish:
-        return _launch_async(context, state, launch, args, tensors, stream), None
-    launch(*args, _SEND, stream, _join_comm(state), None)
-    return EventOverlap(), _ReceiveHook(context, op, launch, args, tensors)
+def _launch_send(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple):
+    """The send of a return_recv_hook op; returns the hook for its receive."""
+    launch(*args, _SEND, current_raw_stream(context.device_index), _join_comm(state), None)
+    return _ReceiveHook(context, op, launch, args, tensors)
 
 
 def _launch_plain(context: OpContext, state: LowLatencyState, launch, args: tuple) -> EventOverlap:
@@ -387,17 +380,14 @@ def _launch_plain(context: OpContext, state: LowLatencyState, launch, args: tupl
     return EventOverlap()
 
 
-def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple,
-                  caller: int) -> EventOverlap:
+def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple) -> EventOverlap:
     """An async_finish op: on the communication stream, after the caller's
     stream; the launch records the ring's next event after it."""
-    pending = state.pending
-    capturing = stream_capturing()
-    if not capturing and not len(pending) % RELEASE_EVERY:
-        state.release_finished()
+    caller = current_raw_stream(context.device_index)
     comm = context.comm_raw
+    ring = state.ring
     try:
-        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
+        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, ring)
     except BaseException:
         # A launch that raises may have queued work first: the caller's stream
         # must not run ahead of it (nor free what it reads).
@@ -405,8 +395,12 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
         raise
     state.comm_ahead = True
     # Inside a capture the graph's replays, not this queue, decide how long
-    # the tensors are needed, and its events cannot be queried.
-    if not capturing:
+    # the tensors are needed, and its events cannot be queried (the ring saw
+    # whether its stream was capturing).
+    if not ring.captured:
+        pending = state.pending
+        if not len(pending) % RELEASE_EVERY:
+            state.release_finished()
         pending.append((event, tensors))
     return EventOverlap(event, tensors)
 
@@ -493,8 +487,9 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
     if not (async_finish or return_recv_hook):
         return combined_x, _launch_plain(context, state, launch, args), None
     tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
-    event, hook = _launch(context, state, op, launch, args, tensors, async_finish)
-    return combined_x, event, hook
+    if async_finish:
+        return combined_x, _launch_async(context, state, launch, args, tensors), None
+    return combined_x, EventOverlap(), _launch_send(context, state, op, launch, args, tensors)
 
 
 def get_next_combine_buffer(context: OpContext, handle) -> torch.Tensor:
