@@ -151,14 +151,14 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
                        " NVL domains and ranks per domain together (a warp each in one block); this group has " +
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
-  // Shrink mode across domains: built for ranks masked before a call, never
-  // run on a GPU yet (docs/INTERNODE.md "Shrink across domains"), so only
+  // Shrink mode across domains covers ranks masked before a call, not a rank
+  // lost inside one (docs/INTERNODE.md "Shrink across domains"), so only
   // behind an explicit opt-in.
   if (internode && options.enable_shrink && !experimental_internode_shrink())
     throw NotSupported(
         "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
-        "available in this version of turnout (an untested first version: set "
-        "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
+        "available in this version of turnout (an experimental first version, for ranks masked before a "
+        "call only: set TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;

@@ -295,7 +295,7 @@ def shrink_masked(ctx) -> None:
     call; each survivor's dispatch (rows and handle, [10] the live set), a
     cached dispatch of the same rows, and combine against the reference with
     live=, whose substitute forwarders the kernels must match. Only with
-    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (an untested first version); ranks
+    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (an experimental first version); ranks
     lost inside a call are not covered. NVSHMEM stays initialized after it
     (a peer was masked), so it runs last in its job, one masked set a job."""
     import torch
