@@ -11,6 +11,7 @@ import ast
 import contextlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -81,6 +82,18 @@ def install_check_counter() -> None:
     """From now on, modules of this folder are imported with counted asserts."""
     if not any(isinstance(f, _CountingFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _CountingFinder())
+
+
+def share_cpu_cores(world_size: int) -> int:
+    """Gives this rank's torch thread pool its share of the host's cores
+    (cores // ranks, at least 1) and returns that count. The host references
+    of every rank run at once: with a pool as large as the host in each rank,
+    the pools fight (ranks x cores threads, each spinning between parallel
+    regions) and every CPU op of a test takes many times as long. The runner's
+    workers and the jobs that start processes of their own both call it."""
+    threads = max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+    return threads
 
 
 class Context:

@@ -10,7 +10,11 @@ TEST is module::function of a suite test (tests/gpu), or one of LOCAL_TESTS
 below. Prints one line per test (PASS / SKIP / FAIL) and exits
 non-zero if any failed. With TURNOUT_JOB_PROGRESS set, each rank says when a
 test starts, and after TURNOUT_JOB_STACKS_AFTER_S (600) seconds prints every
-rank's Python stack and exits: what a hung collective looks like."""
+rank's Python stack and exits: what a hung collective looks like.
+
+Each rank's torch thread pool gets its share of the cores, as the runner's
+workers do (harness.share_cpu_cores): the host references run in every rank
+at once."""
 import os
 import sys
 import time
@@ -169,6 +173,7 @@ def job(rank: int, world_size: int, allow_nvlink: bool, tests):
         import faulthandler
 
         faulthandler.dump_traceback_later(float(os.environ.get("TURNOUT_JOB_STACKS_AFTER_S", "600")), exit=True)
+    harness.share_cpu_cores(world_size)
     ctx = make_context(rank, world_size, allow_nvlink)
     lines = []
     for name in tests:
