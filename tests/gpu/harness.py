@@ -9,9 +9,12 @@ below. The runner fails a test whose ranks made no check at all, so a loop
 that ran zero times cannot pass as a test."""
 import ast
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -81,6 +84,82 @@ def install_check_counter() -> None:
     """From now on, modules of this folder are imported with counted asserts."""
     if not any(isinstance(f, _CountingFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _CountingFinder())
+
+
+def share_cpu_cores(world_size: int) -> int:
+    """Gives this rank's torch thread pool its share of the host's cores
+    (cores // ranks, at least 1) and returns that count. The host references
+    of every rank run at once: with a pool as large as the host in each rank,
+    the pools fight (ranks x cores threads, each spinning between parallel
+    regions) and every CPU op of a test takes many times as long. The runner's
+    workers and the jobs that start processes of their own both call it."""
+    threads = max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+    return threads
+
+
+class HostTimes:
+    """Where one rank's host time went while active (a ``with`` block), for a
+    job's timing line: seconds and calls in ``turnout.Buffer()`` (across NVL
+    domains this holds NVSHMEM's init and its symmetric allocation),
+    ``Buffer.destroy`` (NVSHMEM's collective free and finalize), the
+    low-latency calls (their launch only: they do not wait for the GPU), and
+    ``torch.cuda.synchronize`` (the GPU's work and the wait for slower peers);
+    ``line`` puts the rest down to the test's own host work (inputs,
+    references, checks). It wraps those functions while active and puts the
+    originals back after."""
+
+    BUFFER_METHODS = (("__init__", "Buffer()"), ("destroy", "destroy"), ("low_latency_dispatch", "dispatch"),
+                      ("low_latency_combine", "combine"), ("clean_low_latency_buffer", "clean"))
+
+    def __init__(self) -> None:
+        self.times = {}  # label -> [calls, seconds]
+        self._undo = []
+
+    def _wrap(self, owner, attr: str, label: str) -> None:
+        original = owner.__dict__.get(attr)
+        wrapped = getattr(owner, attr)
+        times = self.times
+
+        @functools.wraps(wrapped)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                entry = times.setdefault(label, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+        self._undo.append((owner, attr, original))
+
+    def __enter__(self) -> "HostTimes":
+        import turnout
+
+        for attr, label in self.BUFFER_METHODS:
+            self._wrap(turnout.Buffer, attr, label)
+        self._wrap(torch.cuda, "synchronize", "synchronize")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attr, original in reversed(self._undo):
+            if original is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+        self._undo.clear()
+
+    def line(self, name: str, total_s: float) -> str:
+        """``TIME name: total, each label's seconds (calls), the rest``."""
+        parts, counted = [], 0.0
+        for _, label in self.BUFFER_METHODS + (("", "synchronize"),):
+            calls, seconds = self.times.get(label, (0, 0.0))
+            if calls:
+                parts.append(f"{label} {seconds:.2f} s ({calls})")
+                counted += seconds
+        parts.append(f"rest {total_s - counted:.2f} s")
+        return f"TIME {name}: {total_s:.1f} s: " + ", ".join(parts) + f"; torch threads {torch.get_num_threads()}"
 
 
 class Context:

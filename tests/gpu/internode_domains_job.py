@@ -360,6 +360,8 @@ def job(rank: int, world_size: int, tests):
         import faulthandler
 
         faulthandler.dump_traceback_later(float(os.environ.get("TURNOUT_JOB_STACKS_AFTER_S", "600")), exit=True)
+    # The host references run in every rank at once, as in the runner's workers.
+    harness.share_cpu_cores(world_size)
     ctx = make_context(rank, world_size)
     lines = []
     for name in tests:

@@ -10,7 +10,15 @@ TEST is module::function of a suite test (tests/gpu), or one of LOCAL_TESTS
 below. Prints one line per test (PASS / SKIP / FAIL) and exits
 non-zero if any failed. With TURNOUT_JOB_PROGRESS set, each rank says when a
 test starts, and after TURNOUT_JOB_STACKS_AFTER_S (600) seconds prints every
-rank's Python stack and exits: what a hung collective looks like."""
+rank's Python stack and exits: what a hung collective looks like. With
+TURNOUT_JOB_TIMING set, every rank adds a TIME line per test: the seconds in
+Buffer() (NVSHMEM's init), destroy, the low-latency calls, torch.cuda.synchronize
+and the rest (harness.HostTimes).
+
+Each rank's torch thread pool gets its share of the cores, as the runner's
+workers do (harness.share_cpu_cores): the host references run in every rank
+at once."""
+import contextlib
 import os
 import sys
 import time
@@ -169,7 +177,9 @@ def job(rank: int, world_size: int, allow_nvlink: bool, tests):
         import faulthandler
 
         faulthandler.dump_traceback_later(float(os.environ.get("TURNOUT_JOB_STACKS_AFTER_S", "600")), exit=True)
+    harness.share_cpu_cores(world_size)
     ctx = make_context(rank, world_size, allow_nvlink)
+    timing = bool(os.environ.get("TURNOUT_JOB_TIMING"))
     lines = []
     for name in tests:
         if name in LOCAL_TESTS:
@@ -180,9 +190,14 @@ def job(rank: int, world_size: int, allow_nvlink: bool, tests):
         start = time.monotonic()
         if os.environ.get("TURNOUT_JOB_PROGRESS"):
             print(f"[rank {rank}] start {name}", file=sys.stderr, flush=True)
+        times = harness.HostTimes() if timing else None
         try:
-            fn(ctx)
-            lines.append(f"PASS {name} ({time.monotonic() - start:.1f} s)")
+            with times or contextlib.nullcontext():
+                fn(ctx)
+            took = time.monotonic() - start
+            lines.append(f"PASS {name} ({took:.1f} s)")
+            if times:
+                lines.append(times.line(name, took))
         except harness.Skipped as e:
             lines.append(f"SKIP {name}: {e}")
         except Exception:

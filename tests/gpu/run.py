@@ -111,7 +111,7 @@ def worker_main(rank: int, world_size: int, port: int, device: int, tests, start
     harness.install_check_counter()
     # The host references run in every rank at once: split the cores, or each
     # rank's thread pool fights the others' (8 ranks x all cores).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    harness.share_cpu_cores(world_size)
     torch.cuda.set_device(device)
     # Ranks outside a test's smaller groups wait in the next collective while those
     # groups run (minutes with many ranks on one GPU); the watchdog catches real hangs.

@@ -10,7 +10,8 @@ has a GPU per rank, twice its ranks (8 ranks on 4 GPUs as 2 of 4 and 4 of 2,
 a shorter list of tests); and with 8 ranks, 16 as 2 domains of 8.
 TURNOUT_DOMAIN_TESTS=short gives every job the shorter list, and
 TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain size
-(runs that must fit a time limit)."""
+(runs that must fit a time limit). TURNOUT_JOB_TIMING=1 adds every rank's
+TIME line per test: where its host time went (low_latency_domains_job.py)."""
 import os
 import subprocess
 import sys

@@ -1,0 +1,59 @@
+"""The GPU harness's host-side helpers (tests/gpu/harness.py), no GPU: a
+rank's share of the host's cores for its torch thread pool, and HostTimes,
+the seconds behind the domain jobs' TIME lines."""
+import pytest
+import torch
+from gpu_modules import load_gpu_module
+
+import turnout
+
+harness = load_gpu_module("gpu_harness", "harness.py")
+
+
+@pytest.fixture
+def keep_threads():
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_each_rank_gets_its_share_of_the_cores(keep_threads, monkeypatch):
+    monkeypatch.setattr(harness.os, "cpu_count", lambda: 16)
+    assert harness.share_cpu_cores(4) == 4 and torch.get_num_threads() == 4
+    assert harness.share_cpu_cores(3) == 5 and torch.get_num_threads() == 5
+    assert harness.share_cpu_cores(32) == 1 and torch.get_num_threads() == 1
+    monkeypatch.setattr(harness.os, "cpu_count", lambda: None)
+    assert harness.share_cpu_cores(2) == 1
+
+
+def test_host_times_counts_every_call_and_puts_the_originals_back(monkeypatch):
+    def refused(self, *args, **kwargs):
+        raise ValueError("refused")
+
+    # Stand-ins with no GPU behind them, wrapped as the real ones would be.
+    monkeypatch.setattr(turnout.Buffer, "__init__", refused)
+    monkeypatch.setattr(turnout.Buffer, "low_latency_dispatch", lambda self, *a, **k: ("out", a, k))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    before = {attr: turnout.Buffer.__dict__[attr] for attr, _ in harness.HostTimes.BUFFER_METHODS}
+    sync = torch.cuda.synchronize
+    buf = object.__new__(turnout.Buffer)
+    with harness.HostTimes() as times:
+        assert turnout.Buffer.low_latency_dispatch is not before["low_latency_dispatch"]
+        with pytest.raises(ValueError, match="refused"):
+            turnout.Buffer(None)  # a call that raises is counted and raises as before
+        assert buf.low_latency_dispatch(1, k=2) == ("out", (1,), {"k": 2})
+        buf.low_latency_dispatch(3)
+        torch.cuda.synchronize()
+    assert {attr: turnout.Buffer.__dict__[attr] for attr, _ in harness.HostTimes.BUFFER_METHODS} == before
+    assert torch.cuda.synchronize is sync
+    assert {label: calls for label, (calls, _) in times.times.items()} == \
+        {"Buffer()": 1, "dispatch": 2, "synchronize": 1}
+    assert all(seconds >= 0 for _, seconds in times.times.values())
+
+
+def test_host_times_line_names_each_part_and_the_rest():
+    times = harness.HostTimes()
+    times.times = {"Buffer()": [1, 2.5], "dispatch": [80, 0.25], "synchronize": [160, 1.25]}
+    line = times.line("mod::test", 10.0)
+    assert line.startswith("TIME mod::test: 10.0 s: Buffer() 2.50 s (1), dispatch 0.25 s (80), "
+                           "synchronize 1.25 s (160), rest 6.00 s; torch threads ")
