@@ -151,6 +151,27 @@ struct NetRegion {
   __host__ __device__ int counter_words() const {
     return shape.max_parts == 1 ? shape.num_domains : shape.num_domains * shape.num_nvl_ranks;
   }
+  // Shrink mode only (after the outbox; none without, so no offset above
+  // moves): what a fresh dispatch's ranks agree on who takes part with
+  // (kernels/internode/live_set.hpp). Computed from the fields above, so the
+  // struct keeps its size.
+  __host__ __device__ int view_words() const { return (shape.num_domains * shape.num_nvl_ranks + 31) / 32; }
+  // uint32: the agreements this rank has completed (their rounds).
+  __host__ __device__ int64_t view_epoch() const {
+    return (outbox + shape.num_domains * message_bytes + 127) / 128 * 128;
+  }
+  // uint32 [R]: views rank g has sent me (a counter per rank, only grows).
+  __host__ __device__ int64_t viewed() const { return view_epoch() + 128; }
+  // uint32 [R][view_words]: rank g's view of this call (a bit per rank).
+  __host__ __device__ int64_t view(int rank) const {
+    const int64_t first = viewed() + (int64_t(shape.num_domains) * shape.num_nvl_ranks * 4 + 127) / 128 * 128;
+    return first + int64_t(rank) * view_words() * 4;
+  }
+  // uint32 [view_words]: this rank's view, where a put reads it.
+  __host__ __device__ int64_t view_out() const {
+    return view(0) + (int64_t(shape.num_domains) * shape.num_nvl_ranks * view_words() * 4 + 127) / 128 * 128;
+  }
+  __host__ __device__ int64_t views_end() const { return view_out() + (int64_t(view_words()) * 4 + 127) / 128 * 128; }
 };
 
 // Part p of P of a ring of Q slots: its first slot and its slots. A part is
@@ -182,6 +203,7 @@ inline NetRegion make_net_region(const Shape& s) {
   // Last, so no other offset depends on the expert count.
   r.counts = take(N * P * r.message_bytes);
   r.outbox = take(N * r.message_bytes);
+  if (P > 1) at = r.views_end();
   r.recv_rings = at > kNetMetaBytes ? at : kNetMetaBytes;
   const int64_t ring_bytes = C * N * s.net_slots * int64_t(s.slot_bytes);
   r.stage_rings = r.recv_rings + ring_bytes;
