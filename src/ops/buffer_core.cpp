@@ -399,8 +399,9 @@ kernels::WaitContext BufferCore::wait_context(OpKind op, bool shrinkable, int pa
 }
 
 double BufferCore::host_limit_s() const {
-  // A shrink-mode call may wait out two shrink timeouts (a combine behind a dead source's weights).
-  const double kernels_limit = options_.enable_shrink ? std::max(timeout_s_, 2 * shrink_timeout_s_) : timeout_s_;
+  // A shrink-mode call may wait out two shrink timeouts (a combine behind a dead source's weights), an
+  // internode dispatch three (a dead rank, then the view of one that came late, twice as patient).
+  const double kernels_limit = options_.enable_shrink ? std::max(timeout_s_, 3 * shrink_timeout_s_) : timeout_s_;
   return kernels_limit + kHostGraceS;
 }
 

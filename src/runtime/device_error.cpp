@@ -25,6 +25,8 @@ const char* wait_site_name(WaitSite site) {
       return "low_latency_dispatch: a source rank's tokens";
     case WaitSite::kLowLatencyCombine:
       return "low_latency_combine: an expert rank's rows";
+    case WaitSite::kLeftOut:
+      return "dispatch: the live set of the call";
   }
   return "unknown wait";
 }
@@ -130,6 +132,11 @@ void DeviceErrorWord::check(const char* op, int first_nvl_rank, int64_t last_dis
     // mark their peers before the list is read.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const DeviceErrorRecord rec = *host_;
+    if (static_cast<WaitSite>(rec.where) == WaitSite::kLeftOut)
+      throw TimeoutError(std::string(op) + ": " + origin(rec) + ": rank " + std::to_string(rec.rank) +
+                         " was left out of the call by rank " + std::to_string(rec.peer) +
+                         " and the others (shrink mode: it came after their shrink timeout; they masked it and went "
+                         "on without it); this buffer is no longer usable: create a new one");
     std::string missing;
     for (int i = 0; i < kMaxNvlRanks; ++i)
       if (rec.missing[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(first_nvl_rank + i);

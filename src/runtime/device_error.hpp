@@ -50,6 +50,7 @@ enum class WaitSite : int32_t {
   kDispatchOutputs = 5,     // the host's output pointers (peer: this rank)
   kLowLatencyDispatch = 6,  // a source rank's tokens
   kLowLatencyCombine = 7,   // an expert rank's rows
+  kLeftOut = 8,             // internode shrink: the peers left this rank out of the call (peer: one of them)
 };
 
 const char* wait_site_name(WaitSite site);

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 5
+#define TURNOUT_NVSHMEM_API_VERSION 6
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */

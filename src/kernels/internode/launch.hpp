@@ -53,10 +53,14 @@ struct NotifyParams {
   CountsMailbox* mailbox;              // device view of host-mapped memory, or null (no host wait)
   int32_t sequence;
   // Shrink mode (null without): the buffer's rank mask, int32 per global
-  // rank, read once as the call starts (ranks masked before the call). The
-  // waits keep ctx's plain timeouts: a rank lost inside a call is not covered.
+  // rank, read as the call starts (ranks masked before the call). A fresh
+  // dispatch judges the others under shrink_timeout_ns, agrees with the
+  // survivors on who takes part (live_set.hpp) and masks the rest here; its
+  // later waits, and those of a cached dispatch and a combine, keep ctx's
+  // plain timeouts.
   int32_t* mask;
   WaitContext ctx;
+  uint64_t shrink_timeout_ns;
 };
 
 // The dispatch data step: a pair of blocks per channel. The send block holds

@@ -20,6 +20,7 @@
 #include "kernels/device/rank_mask.cuh"
 #include "kernels/internode/forwarders.hpp"
 #include "kernels/internode/launch.hpp"
+#include "kernels/internode/live_set.hpp"
 #include "kernels/internode/transport.cuh"
 #include "turnout/error.hpp"
 
@@ -102,10 +103,109 @@ __device__ void count_channel_shrink(const NotifyParams& p) {
   count_channel_as<true>(p);
 }
 
-// kShrink (shrink mode, docs/INTERNODE.md "Shrink across domains"): the
-// call's live set comes from the mask buffer (a fresh dispatch, which leaves
-// it in handle [10]) or from handle [10] (a cached dispatch, a combine); every
-// rank derives the same forwarders from it (Forwarders). Barriers and
+// Round 2 of a fresh dispatch's agreement on who takes part (live_set.hpp),
+// after round 1 (the barrier, judged under the shrink timeout, which masked
+// every rank that did not come). `start`: the ranks unmasked when the call
+// started. This rank's view (start less the ranks masked since) goes to every
+// rank of `start`; the views of the ranks of the view come back, and their
+// intersection goes to `agreed`. Returns false, the call failing by a
+// recorded error, when a view did not come in time or the peers left this
+// rank out.
+template <NetTransport T>
+__device__ bool agree_on_live(const NotifyParams& p, const T& net, const uint32_t* start, uint32_t* agreed) {
+  const int R = p.peers.num_ranks, me = p.peers.rank, W = rank_set_words(R);
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const int warp = tid / 32, num_warps = threads / 32;
+  char* local = net.local();
+  const NetRegion& r = p.net;
+  __shared__ uint32_t s_view[kMaxLiveWords];
+  for (int w = tid; w < W; w += threads) {
+    uint32_t bits = start[w];
+    for (int b = 0; b < 32 && 32 * w + b < R; ++b)
+      if (32 * w + b != me && device::load_acquire_sys(p.mask + 32 * w + b) != 0) bits &= ~(1u << b);
+    s_view[w] = bits;
+    words(local, r.view_out())[w] = bits;
+  }
+  const uint32_t round = *reinterpret_cast<volatile uint32_t*>(local + r.view_epoch()) + 1;
+  __threadfence_system();
+  __syncthreads();
+  // To every rank met in round 1, seen or not: a rank that came late learns
+  // from the others' views that it was left out, instead of waiting for them.
+  for (int g = warp; g < R; g += num_warps)
+    if (g != me && rank_in_set(start, g)) net.put_warp(g, r.view(me), local + r.view_out(), W * 4);
+  __syncthreads();
+  for (int g = tid; g < R; g += threads)
+    if (g != me && rank_in_set(start, g)) net.arrive(g, r.viewed() + me * 4, 1);
+  // A rank of the view that sends no view fails the call by name: a live set
+  // taken from some views only could differ between ranks. Twice as patient
+  // as round 1: a rank that came late may still be waiting out a dead one.
+  WaitContext patient = p.ctx;
+  patient.timeout_ns = 2 * p.shrink_timeout_ns;
+  bool ok = true;
+  for (int g = tid; g < R; g += threads)
+    if (g != me && rank_in_set(s_view, g))
+      ok = ok && device::bounded_wait(patient, g, WaitSite::kDispatchCounts,
+                                      [&] { return reached(words(local, r.viewed()) + g, round); });
+  if (!__syncthreads_and(ok)) return false;
+  if (tid == 0) *reinterpret_cast<volatile uint32_t*>(local + r.view_epoch()) = round;
+  const uint32_t* views = words(local, r.view(0));
+  for (int w = tid; w < W; w += threads) agreed[w] = agreed_live_word(s_view, views, R, me, w);
+  __syncthreads();
+  if (rank_in_set(agreed, me)) return true;
+  if (tid == 0)
+    device::record_error(p.ctx.errors, DeviceErrorCode::kTimeout, p.ctx.rank, left_out_by(agreed, views, R, me),
+                         static_cast<int>(WaitSite::kLeftOut), 0, 0);
+  return false;
+}
+
+// After the agreement: the ranks it dropped (in `start`, not live) were
+// counted by the counting blocks. Their rows of [2] become zeros and the rows
+// of [1] of their domains are counted again over the live columns.
+__device__ void recount_dropped(const NotifyParams& p, const uint32_t* start, const uint32_t* live) {
+  const InternodeDispatchCountsArgs& a = p.counts;
+  const InternodeHandle& h = a.handle;
+  const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks, N = R / D, C = p.net.shape.num_channels;
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  __shared__ uint32_t s_domains;  // bit e: domain e lost a rank
+  if (tid == 0) s_domains = 0;
+  __syncthreads();
+  for (int g = tid; g < R; g += threads)
+    if (rank_in_set(start, g) && !rank_in_set(live, g)) {
+      for (int c = 0; c < C; ++c) h.gbl_channel_prefix_matrix[g * C + c] = 0;
+      atomicOr(&s_domains, 1u << (g / D));
+    }
+  __syncthreads();
+  const uint32_t domains = s_domains;
+  if (domains == 0) return;
+  for (int i = tid; i < N * C; i += threads) {
+    const int e = i / C, c = i % C;
+    if (!(domains >> e & 1)) continue;
+    uint32_t columns = 0;
+    for (int k = 0; k < D; ++k) columns |= rank_in_set(live, e * D + k) ? 1u << k : 0u;
+    const int begin = channel_begin(a.num_tokens, c, C), end = channel_begin(a.num_tokens, c + 1, C);
+    int count = 0;
+    for (int t = begin; t < end; ++t) {
+      bool any = false;
+      for (int k = 0; k < D; ++k)
+        any = any || ((columns >> k & 1) && a.handle.is_token_in_rank[int64_t(t) * R + e * D + k]);
+      count += any ? 1 : 0;
+    }
+    h.rdma_channel_prefix_matrix[i] = count;
+  }
+  __syncthreads();
+  for (int e = tid; e < N; e += threads)
+    if (domains >> e & 1)
+      for (int c = 1; c < C; ++c)
+        h.rdma_channel_prefix_matrix[e * C + c] += h.rdma_channel_prefix_matrix[e * C + c - 1];
+  __syncthreads();
+}
+
+// kShrink (shrink mode, docs/INTERNODE.md "Shrink across domains"): a fresh
+// dispatch starts from the ranks the mask buffer leaves, judges them under
+// the shrink timeout and agrees with the others on the call's live set
+// (agree_on_live), which it masks the rest by and leaves in handle [10]; a
+// cached dispatch and a combine take handle [10]. Every rank derives the same
+// forwarders from that set (Forwarders). Barriers and
 // arrivals go to every live far rank; each source puts its message to its
 // forwarder in each domain, into the part that serves its column; a forwarder
 // relays each part's message to its live local ranks, zeros for a masked
@@ -129,7 +229,6 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
       uint32_t bits = 0;
       if (p.exchange_counts) {
         for (int b = 0; b < 32 && 32 * w + b < R; ++b) bits |= unmasked(p, 32 * w + b) ? 1u << b : 0u;
-        h.live[w] = bits;
       } else {
         bits = h.live[w];
       }
@@ -138,7 +237,6 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
     __syncthreads();
   }
   const Forwarders plan{s_live, N, D};
-  const int P = kShrink ? plan.num_parts(d, n) : 1;
   // kShrink: a far rank this one meets (every live rank of another domain).
   const auto far_peer = [&](int g) { return g / D != d && plan.is_live(g / D, g % D); };
   // Why this rank's input is bad (the OpKind whose check found it), or 0.
@@ -179,14 +277,19 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
       if (far_peer(g)) net.add(g, p.net.barrier + me * 4, 1);
     // The NVL barrier skips the local ranks the mask holds (ranks masked
     // before the dispatch: the same as the handle's live set for its cached
-    // dispatch and combine).
-    WaitContext nvl_ctx = p.ctx;
-    nvl_ctx.mask = p.mask;
-    if (!device::nvl_barrier(p.peers.control, n, D, nvl_ctx)) return;
+    // dispatch and combine). A fresh dispatch judges every rank under the
+    // shrink timeout (round 1 of agree_on_live): a wait masks a rank that
+    // does not come, and the call goes on to the agreement.
+    WaitContext judge = p.ctx;
+    judge.mask = p.mask;
+    if (p.exchange_counts) judge.timeout_ns = p.shrink_timeout_ns;
+    if (!device::nvl_barrier(p.peers.control, n, D, judge)) return;
     for (int g = tid; g < R; g += threads)
-      if (far_peer(g))
-        ok = ok && device::bounded_wait(p.ctx, g, WaitSite::kBarrier,
-                                        [&] { return reached(words(local, p.net.barrier) + g, epoch); });
+      if (far_peer(g)) {
+        const bool came = device::bounded_wait(p.exchange_counts ? judge : p.ctx, g, WaitSite::kBarrier,
+                                               [&] { return reached(words(local, p.net.barrier) + g, epoch); });
+        ok = ok && (came || (p.exchange_counts && !device::wait_abandoned(p.ctx.errors)));
+      }
   } else {
     if (tid < N && tid != d) net.add(tid * D + n, p.net.barrier + d * 4, 1);
     if (!device::nvl_barrier(p.peers.control, n, D, p.ctx)) return;
@@ -195,6 +298,25 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
                                 [&] { return reached(words(local, p.net.barrier) + tid, epoch); });
   }
   if (!__syncthreads_and(ok)) return;
+  if constexpr (kShrink) {
+    if (p.exchange_counts) {
+      __shared__ uint32_t s_agreed[kMaxLiveWords];
+      if (!agree_on_live(p, net, s_live, s_agreed)) return;
+      recount_dropped(p, s_live, s_agreed);
+      // Every survivor masks the same ranks, so later calls skip them at once.
+      WaitContext judge = p.ctx;
+      judge.mask = p.mask;
+      for (int g = tid; g < R; g += threads)
+        if (rank_in_set(s_live, g) && !rank_in_set(s_agreed, g)) device::mask_rank(judge, g);
+      __syncthreads();
+      for (int w = tid; w < rank_set_words(R); w += threads) {
+        s_live[w] = s_agreed[w];
+        h.live[w] = s_agreed[w];
+      }
+      __syncthreads();
+    }
+  }
+  const int P = kShrink ? plan.num_parts(d, n) : 1;
   for (int i = tid; i < C * N * p.net.shape.max_parts; i += threads) {
     ints(local, p.net.tails)[i] = 0;
     ints(local, p.net.heads)[i] = 0;

@@ -55,6 +55,7 @@ kernels::internode::NotifyParams notify_params(BufferCore& core, const Regions& 
   p.counts = counts;
   p.ctx = core.wait_context(op);
   p.mask = const_cast<int32_t*>(core.mask());
+  p.shrink_timeout_ns = core.wait_context(op, true).timeout_ns;
   return p;
 }
 
