@@ -321,6 +321,7 @@ def shrink_masked(ctx) -> None:
     cases = (Case("uniform", 128, 512, 8, 64, biases=1), Case("holes", 96, 512, 6, 32),
              Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4))
     nvl, rdma = buffer_bytes(1024, n, d)
+    _nvshmem_left.append("shrink_masked")
     with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True) as buf:
         for r in sorted(masked):
             buf.low_latency_update_mask_buffer(r, mask=True)
@@ -345,12 +346,119 @@ def shrink_masked(ctx) -> None:
         ctx.all_gather(None)
 
 
+def shrink_stopped_rank(n: int, d: int):
+    """The rank shrink_stops_at_dispatch stops, and what that exercises.
+    TURNOUT_SHRINK_STOPPED=r names another."""
+    named = os.environ.get("TURNOUT_SHRINK_STOPPED")
+    if named:
+        return int(named), f"TURNOUT_SHRINK_STOPPED={named}"
+    if d == 1:
+        return 1, "a domain's only rank: no token reaches domain 1"
+    return 1, f"the forwarder of column 1 into domain 0 for the other {n // d - 1} domain(s): a substitute takes over"
+
+
+def mask_of(buf, n: int, device) -> set:
+    import torch
+
+    status = torch.full((n,), -1, dtype=torch.int32, device=device)
+    buf.low_latency_query_mask_buffer(status)
+    return set(status.cpu().nonzero().flatten().tolist())
+
+
+# Set once a shrink check has left NVSHMEM initialized in this process: no
+# later Buffer of the job may open it again.
+_nvshmem_left = []
+
+# shrink_stops_at_dispatch's shrink timeout: survivors start each dispatch
+# together (a gloo all_gather first), so a rank is late only if it stopped.
+STOP_SHRINK_S = 2.0
+STOP_MARGIN_S = 3.0
+
+
+def shrink_stops_at_dispatch(ctx) -> None:
+    """Shrink mode across domains, a rank that stops calling at its dispatch
+    (rank 1: a forwarder for the other domains' column 1, or at one rank a
+    domain a whole domain): the survivors' counts step judges every rank
+    under the shrink timeout and agrees on the live set (both rounds), so
+    their first dispatch completes within the shrink timeout (+ a margin),
+    matches the reference with live= leaving the rank out (rows, handle with
+    [10], per-expert counts), and masks it; a cached dispatch and a combine
+    of that handle match too; the next dispatch (FP8) does not wait. The
+    stopped rank joins the host-side meetings only, then masks itself so that
+    every rank's destroy leaves NVSHMEM alike. Only with
+    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1, last in its job, and not in a job
+    where shrink_masked ran (both leave NVSHMEM initialized): run it alone
+    with TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch."""
+    if os.environ.get(SHRINK_OPT_IN) != "1":
+        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
+    if _nvshmem_left:
+        ctx.skip("shrink_masked left NVSHMEM initialized in this job; run it alone: "
+                 "TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch")
+    import torch
+
+    from harness import assert_equal
+    from internode_cases import (
+        buffer_bytes,
+        check_combine,
+        check_dispatch,
+        combine,
+        config,
+        dispatch,
+        reference_combine,
+        reference_dispatch,
+    )
+    from intranode_cases import Case, inputs_of, x_on_device
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    stopped, role = shrink_stopped_rank(n, d)
+    live = [r != stopped for r in range(n)]
+    cases = (Case("uniform", 128, 512, 8, 64, biases=1), Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4))
+    nvl, rdma = buffer_bytes(1024, n, d)
+    _nvshmem_left.append("shrink_stops_at_dispatch")
+    with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True, shrink_timeout_s=STOP_SHRINK_S) as buf:
+        for i, case in enumerate(cases):
+            what = f"{n} ranks as {n // d} domains of {d}, rank {stopped} stopped ({role}), {case}"
+            inputs = [inputs_of(case, n, r) for r in range(n)]
+            # Every rank, the stopped one too, meets here on the host: the
+            # survivors start their dispatch together.
+            ctx.all_gather(None)
+            if me == stopped:
+                continue
+            start = time.monotonic()
+            out = dispatch(buf, case, inputs[me], dev)
+            torch.cuda.synchronize()
+            took = time.monotonic() - start
+            if i == 0:
+                assert 0.9 * STOP_SHRINK_S <= took <= STOP_SHRINK_S + STOP_MARGIN_S, \
+                    f"{what}: the dispatch gave up on rank {stopped} after {took:.2f} s, timeout {STOP_SHRINK_S} s"
+            else:
+                assert took < STOP_SHRINK_S, f"{what}: the dispatch took {took:.2f} s: it waited for the masked rank"
+            got = mask_of(buf, n, dev)
+            assert got == {stopped}, f"{what}: the mask holds {sorted(got)}, expected [{stopped}]"
+            channels = out[4][1].shape[1]
+            refs = reference_dispatch(case, n, d, inputs, channels, live=live)
+            check_dispatch(out, refs[me], case, f"{what}: dispatch", shrink=True)
+            again = buf.dispatch(x_on_device(inputs[me].x, dev), handle=out[4], config=config())
+            torch.cuda.synchronize()
+            first, second = (out[0][0], again[0][0]) if case.fp8 else (out[0], again[0])
+            assert_equal(second.view(torch.uint8), first.view(torch.uint8), f"{what}: cached dispatch rows")
+            back = combine(buf, case, n, me, out, dev, refs[me].num_recv)
+            torch.cuda.synchronize()
+            check_combine(back, reference_combine(case, n, refs, me), case, f"{what}: combine")
+        ctx.all_gather(None)
+        if me == stopped:
+            # As the survivors' masks hold it, so that every destroy leaves NVSHMEM alike.
+            buf.low_latency_update_mask_buffer(stopped, mask=True)
+            torch.cuda.synchronize()
+
+
 TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
          "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
          "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
          "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan,
-         # Last: it leaves NVSHMEM initialized in its processes.
-         "shrink_masked": shrink_masked}
+         # Last: they leave NVSHMEM initialized in their processes (so the
+         # second skips where the first ran).
+         "shrink_masked": shrink_masked, "shrink_stops_at_dispatch": shrink_stops_at_dispatch}
 
 
 def job(rank: int, world_size: int, tests):

@@ -7,7 +7,9 @@ the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs); with 8 ranks,
 16 as 2 domains of 8. Ranks that
 share a GPU run under an MPS daemon of the job's own, their shares summing to
 100. TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain
-size; TURNOUT_DOMAIN_TESTS="shrink_masked" only those of TESTS."""
+size; TURNOUT_DOMAIN_TESTS="shrink_masked" only those of TESTS
+(shrink_stops_at_dispatch runs only where shrink_masked does not: name it
+alone)."""
 import os
 import subprocess
 import sys
@@ -15,10 +17,10 @@ from pathlib import Path
 
 from test_nvshmem_window import find_library, smoke_env
 
-# shrink_masked is skipped unless TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (then shrink_refused is); last,
-# as it leaves NVSHMEM initialized in the job's processes.
+# The shrink checks are skipped unless TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (then shrink_refused is); last,
+# as they leave NVSHMEM initialized in the job's processes (so shrink_stops_at_dispatch skips after shrink_masked).
 TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "worst_tokens_in_graph",
-         "megatron_and_torchtitan", "bad_input", "absent_rank", "shrink_masked")
+         "megatron_and_torchtitan", "bad_input", "absent_rank", "shrink_masked", "shrink_stops_at_dispatch")
 
 
 def configurations(world_size: int, num_devices: int):
