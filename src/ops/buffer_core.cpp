@@ -151,14 +151,16 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
                        " NVL domains and ranks per domain together (a warp each in one block); this group has " +
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
-  // Shrink mode across domains covers ranks masked before a call, not a rank
-  // lost inside one (docs/INTERNODE.md "Shrink across domains"), so only
-  // behind an explicit opt-in.
+  // Shrink mode across domains covers ranks masked before a call and ranks
+  // that stop calling at a dispatch, not a rank lost inside the data step
+  // (docs/INTERNODE.md "Shrink across domains"), so only behind an explicit
+  // opt-in.
   if (internode && options.enable_shrink && !experimental_internode_shrink())
     throw NotSupported(
         "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
         "available in this version of turnout (an experimental first version, for ranks masked before a "
-        "call only: set TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
+        "call and ranks that stop calling at a dispatch: set TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank "
+        "to try it)");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;
@@ -340,7 +342,8 @@ bool BufferCore::must_leave_nvshmem_alone(cudaError_t device_status) {
     // Internode mode (experimental shrink across domains) has no group
     // barrier to vote with: the verdict is this rank's own mask, which the
     // callers keep alike on every rank (a rank masked before the calls masks
-    // itself too). Ranks lost inside a call are not covered yet.
+    // itself too; the survivors' dispatch masks a rank that stopped calling,
+    // which must mask itself if it is still there to destroy its buffer).
     std::vector<int32_t> mask(static_cast<size_t>(topology_.num_ranks), 1);
     if (cudaMemcpy(mask.data(), mask_.get(), mask.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess)
       return true;
