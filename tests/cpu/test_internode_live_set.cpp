@@ -206,7 +206,7 @@ TEST(InternodeLiveSet, ArrivalsSkewedByMoreThanATimeoutCanSplitTheSurvivors) {
   EXPECT_EQ(live_of(m, views, 1), (std::set<int>{0, 1}));
 }
 
-TEST(InternodeLiveSet, TheViewsFitBetweenTheOutboxAndTheRingsInShrinkModeOnly) {
+TEST(InternodeLiveSet, TheViewsEndTheCountsAreaAtOffsetsOfTheRanksOnly) {
   for (int N : {2, 4, 16, 32}) {
     for (int D : {1, 2, 4, 8}) {
       if (N + D > 32) continue;
@@ -215,13 +215,26 @@ TEST(InternodeLiveSet, TheViewsFitBetweenTheOutboxAndTheRingsInShrinkModeOnly) {
       const ki::Shape shrink = ki::make_shape(N, D, 24, 128, 256, 32, 7200, true);
       const ki::NetRegion a = ki::make_net_region(plain), b = ki::make_net_region(shrink);
       EXPECT_EQ(a.recv_rings, ki::kNetMetaBytes) << "no room taken without shrink mode";
-      EXPECT_GE(b.view_epoch(), b.outbox + N * b.message_bytes);
+      EXPECT_EQ(b.recv_rings, ki::kNetMetaBytes);
+      EXPECT_GE(b.view_epoch(), b.outbox + N * b.message_bytes) << "a call of this shape is not refused";
       EXPECT_GE(b.viewed(), b.view_epoch() + 4);
       EXPECT_GE(b.view(0), b.viewed() + 4 * N * D);
       EXPECT_GE(b.view_out(), b.view(N * D - 1) + 4 * b.view_words());
-      EXPECT_LE(b.views_end(), b.recv_rings);
+      EXPECT_EQ(b.views_end(), ki::kNetMetaBytes);
       EXPECT_EQ(b.view_epoch() % 128, 0);
       EXPECT_EQ(b.view_out() % 16, 0) << "a put reads it";
+      // The counters only grow across calls: a call of another channel or
+      // expert count (a combine, a dispatch of other experts or SMs) finds
+      // them where the last one left them (shrink_masked: 64 experts, then 32).
+      for (int sms : {2, 8, 24, 48}) {
+        for (int L : {0, 1, 8, 32}) {
+          const ki::NetRegion c = ki::make_net_region(ki::make_shape(N, D, sms, 128, 256, L, 7200, true));
+          EXPECT_EQ(c.view_epoch(), b.view_epoch());
+          EXPECT_EQ(c.viewed(), b.viewed());
+          EXPECT_EQ(c.view(N * D - 1), b.view(N * D - 1));
+          EXPECT_EQ(c.view_out(), b.view_out());
+        }
+      }
     }
   }
 }

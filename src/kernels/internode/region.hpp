@@ -151,25 +151,34 @@ struct NetRegion {
   __host__ __device__ int counter_words() const {
     return shape.max_parts == 1 ? shape.num_domains : shape.num_domains * shape.num_nvl_ranks;
   }
-  // Shrink mode only (after the outbox; none without, so no offset above
-  // moves): what a fresh dispatch's ranks agree on who takes part with
-  // (kernels/internode/live_set.hpp). Computed from the fields above, so the
+  // Shrink mode: what a fresh dispatch's ranks agree on who takes part with
+  // (kernels/internode/live_set.hpp), in the last bytes of the counts area
+  // (before kNetMetaBytes), at offsets of N and D only. view_epoch and viewed
+  // are counters that only grow, so, like barrier, counts_arrived and epoch,
+  // they must stay in place whatever a call's channel or expert count (which
+  // move every offset from the tails on: a later call of another shape would
+  // find them on its counts or outbox); and at D = 1 shrink mode's layout is
+  // the plain one (max_parts 1), so they cannot hang on max_parts. Unused
+  // without shrink mode: no offset moves; the host refuses a shrink-mode call
+  // whose counts reach them (check.cpp). Computed from the shape, so the
   // struct keeps its size.
   __host__ __device__ int view_words() const { return (shape.num_domains * shape.num_nvl_ranks + 31) / 32; }
-  // uint32: the agreements this rank has completed (their rounds).
-  __host__ __device__ int64_t view_epoch() const {
-    return (outbox + shape.num_domains * message_bytes + 127) / 128 * 128;
+  __host__ __device__ int64_t views_bytes() const {
+    const int64_t R = int64_t(shape.num_domains) * shape.num_nvl_ranks;
+    return 128 + align_up(R * 4, 128) + align_up(R * view_words() * 4, 128) + align_up(int64_t(view_words()) * 4, 128);
   }
+  // uint32: the agreements this rank has completed (their rounds).
+  __host__ __device__ int64_t view_epoch() const { return kNetMetaBytes - views_bytes(); }
   // uint32 [R]: views rank g has sent me (a counter per rank, only grows).
   __host__ __device__ int64_t viewed() const { return view_epoch() + 128; }
   // uint32 [R][view_words]: rank g's view of this call (a bit per rank).
   __host__ __device__ int64_t view(int rank) const {
-    const int64_t first = viewed() + (int64_t(shape.num_domains) * shape.num_nvl_ranks * 4 + 127) / 128 * 128;
+    const int64_t first = viewed() + align_up(int64_t(shape.num_domains) * shape.num_nvl_ranks * 4, 128);
     return first + int64_t(rank) * view_words() * 4;
   }
   // uint32 [view_words]: this rank's view, where a put reads it.
   __host__ __device__ int64_t view_out() const {
-    return view(0) + (int64_t(shape.num_domains) * shape.num_nvl_ranks * view_words() * 4 + 127) / 128 * 128;
+    return view(0) + align_up(int64_t(shape.num_domains) * shape.num_nvl_ranks * view_words() * 4, 128);
   }
   __host__ __device__ int64_t views_end() const { return view_out() + (int64_t(view_words()) * 4 + 127) / 128 * 128; }
 };
@@ -203,7 +212,6 @@ inline NetRegion make_net_region(const Shape& s) {
   // Last, so no other offset depends on the expert count.
   r.counts = take(N * P * r.message_bytes);
   r.outbox = take(N * r.message_bytes);
-  if (P > 1) at = r.views_end();
   r.recv_rings = at > kNetMetaBytes ? at : kNetMetaBytes;
   const int64_t ring_bytes = C * N * s.net_slots * int64_t(s.slot_bytes);
   r.stage_rings = r.recv_rings + ring_bytes;

@@ -35,17 +35,21 @@ Regions regions(const BufferShape& shape, const Config& config, int num_local_ex
 
 // The counts areas hold what the counts step exchanges: a fixed size, so the
 // size hints cover them.
-void check_counts_fit(const char* op, const Regions& r) {
-  require(r.net.recv_rings <= ki::kNetMetaBytes && r.nvl.rings <= ki::kNvlMetaBytes, op, [&] {
+// Shrink mode keeps the views of its agreement in the last bytes of the
+// network counts area (NetRegion::view_epoch), which the counts must not reach.
+void check_counts_fit(const char* op, const Regions& r, bool shrink) {
+  const int64_t net_limit = shrink ? r.net.view_epoch() : ki::kNetMetaBytes;
+  const int64_t net_end = r.net.outbox + r.net.shape.num_domains * r.net.message_bytes;
+  require(r.net.recv_rings <= ki::kNetMetaBytes && net_end <= net_limit && r.nvl.rings <= ki::kNvlMetaBytes, op, [&] {
     return "the counts of " + str(r.net.shape.num_local_experts) + " experts per rank over " +
            str(r.net.shape.num_channels) + " channels and " + str(r.net.shape.num_domains) +
-           " domains exceed the counts areas (" + str(ki::kNetMetaBytes) + " network and " + str(ki::kNvlMetaBytes) +
+           " domains exceed the counts areas (" + str(net_limit) + " network and " + str(ki::kNvlMetaBytes) +
            " NVL bytes): use fewer SMs or experts per rank";
   });
 }
 
 void check_fits(const char* op, const Regions& r, const BufferShape& shape) {
-  check_counts_fit(op, r);
+  check_counts_fit(op, r, shape.shrink);
   require(static_cast<size_t>(r.net.total) <= shape.num_rdma_bytes, op, [&] {
     return "num_rdma_bytes is too small for this call: it needs " + str(r.net.total) + " bytes (" +
            str(r.net.shape.num_channels) + " channels x " + str(r.net.shape.num_domains) + " domains x 2 rings of " +
@@ -156,7 +160,7 @@ Regions check_dispatch_counts(const InternodeDispatchCountsArgs& a, const Buffer
           [&] { return "at most " + str(ki::kMaxMailboxExperts) + " experts per rank, got " + str(experts); });
   // Only the counts areas are used here; the data step checks the rings.
   const Regions r = regions(shape, a.config, experts, 16);
-  check_counts_fit(op, r);
+  check_counts_fit(op, r, shape.shrink);
   require(static_cast<size_t>(r.net.recv_rings) <= shape.num_rdma_bytes &&
               static_cast<size_t>(r.nvl.rings) <= shape.num_nvl_bytes,
           op, [&] {
