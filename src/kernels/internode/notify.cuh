@@ -152,9 +152,14 @@ __device__ bool agree_on_live(const NotifyParams& p, const T& net, const uint32_
   for (int w = tid; w < W; w += threads) agreed[w] = agreed_live_word(s_view, views, R, me, w);
   __syncthreads();
   if (rank_in_set(agreed, me)) return true;
-  if (tid == 0)
-    device::record_error(p.ctx.errors, DeviceErrorCode::kTimeout, p.ctx.rank, left_out_by(agreed, views, R, me),
-                         static_cast<int>(WaitSite::kLeftOut), 0, 0);
+  if (tid == 0) {
+    // A survivor that left this rank out; else (every rank that did was
+    // itself dropped by some) one of the view that did: never -1.
+    int by = left_out_by(agreed, views, R, me);
+    if (by < 0) by = left_out_by(s_view, views, R, me);
+    device::record_error(p.ctx.errors, DeviceErrorCode::kTimeout, p.ctx.rank, by, static_cast<int>(WaitSite::kLeftOut),
+                         0, 0);
+  }
   return false;
 }
 
