@@ -326,8 +326,13 @@ def shrink_masked(ctx) -> None:
         for r in sorted(masked):
             buf.low_latency_update_mask_buffer(r, mask=True)
         torch.cuda.synchronize()
-        if me not in masked:
-            for case in cases:
+        for case in cases:
+            # Every rank meets here on the host, so the survivors start each
+            # dispatch together: a fresh dispatch drops a rank that comes a
+            # shrink timeout late (the agreement), and their host checks
+            # between cases may take unlike times.
+            ctx.all_gather(None)
+            if me not in masked:
                 what = f"{n} ranks as {n // d} domains of {d}, masked {sorted(masked)} ({role}), {case}"
                 inputs = [inputs_of(case, n, r) for r in range(n)]
                 out = dispatch(buf, case, inputs[me], dev)
