@@ -152,15 +152,15 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
   // Shrink mode across domains covers ranks masked before a call and ranks
-  // that stop calling at a dispatch, not a rank lost inside the data step
-  // (docs/INTERNODE.md "Shrink across domains"), so only behind an explicit
-  // opt-in.
+  // that stop calling at a dispatch or before its combine, not a rank lost
+  // inside a dispatch's data step (docs/INTERNODE.md "Shrink across
+  // domains"), so only behind an explicit opt-in.
   if (internode && options.enable_shrink && !experimental_internode_shrink())
     throw NotSupported(
         "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
         "available in this version of turnout (an experimental first version, for ranks masked before a "
-        "call and ranks that stop calling at a dispatch: set TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank "
-        "to try it)");
+        "call and ranks that stop calling at a dispatch or before its combine: set "
+        "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;

@@ -236,6 +236,55 @@ void check_lost_before_combine(const Case& c, const std::set<int>& masked, int l
   }
 }
 
+// The same combine with LostPartials::kDropped (the GPU's shrink-mode combine): `lost`
+// also takes the partial sums it forwarded with it. That is the combine, every
+// dispatch rank live, of rows where `lost`'s rows are zeros and so are the rows, in
+// its domain, of every token it forwarded there from another domain. Returns how many
+// (token, domain) partials were dropped, so a caller can tell the two modes apart.
+int check_lost_partials_dropped(const Case& c, const std::set<int>& masked, int lost) {
+  SCOPED_TRACE(names(masked) + ", rank " + std::to_string(lost) + " lost before combine, its partials dropped");
+  const int D = c.nvl, e = lost / D;
+  const auto out = ref::internode_dispatch(c.inputs, c.params(), params_of(c, 2, masked));
+  std::set<int> gone = masked;
+  gone.insert(lost);
+  const std::vector<uint32_t> live = ref::internode_live_set(c.num_ranks, std::vector<int>(gone.begin(), gone.end()));
+  auto back = echo(out, c.hidden);
+  std::vector<ref::NormalDispatchResult> normal;
+  for (const auto& d : out) normal.push_back(d.normal);
+  auto zeroed = back;
+  std::set<std::pair<int, int>> dropped;  // (source, token) whose domain-e partial `lost` forwarded
+  for (int dst = e * D; dst < (e + 1) * D; ++dst) {
+    const ref::NormalDispatchResult& rows = out[dst].normal;
+    for (int row = 0; row < rows.num_recv; ++row) {
+      const int src = rows.recv_src_rank[row];
+      const bool through_lost = src / D != e && forwarder_of(masked, D, e, src % D) == lost % D;
+      if (dst != lost && !through_lost) continue;
+      if (through_lost) dropped.insert({src, rows.recv_src_idx[row]});
+      const size_t h = static_cast<size_t>(c.hidden), k = static_cast<size_t>(c.num_topk);
+      std::fill_n(zeroed[dst].x.begin() + static_cast<std::ptrdiff_t>(row * h), h, bf(0.0f));
+      std::fill_n(zeroed[dst].topk_weights.begin() + static_cast<std::ptrdiff_t>(row * k), k, 0.0f);
+    }
+  }
+  const auto want = ref::normal_combine(zeroed, normal, c.hidden, c.num_topk);
+  const auto want_rounded = ref::internode_combine(zeroed, out, c.hidden, c.num_topk, true);
+  back[lost].x.assign(3, bf(1000.0f));
+  const auto drop = ref::LostPartials::kDropped;
+  const auto exact = ref::internode_combine(back, out, c.hidden, c.num_topk, false, -1, live, drop);
+  const auto rounded = ref::internode_combine(back, out, c.hidden, c.num_topk, true, -1, live, drop);
+  for (int s = 0; s < c.num_ranks; ++s) {
+    SCOPED_TRACE("source rank " + std::to_string(s));
+    if (gone.count(s)) {
+      EXPECT_TRUE(exact[s].combined_x.empty());
+      continue;
+    }
+    EXPECT_EQ(exact[s].combined_x, want[s].combined_x);
+    EXPECT_EQ(exact[s].combined_topk_weights, want[s].combined_topk_weights);
+    EXPECT_EQ(rounded[s].combined_x, want_rounded[s].combined_x);
+    EXPECT_EQ(rounded[s].combined_topk_weights, want[s].combined_topk_weights);
+  }
+  return static_cast<int>(dropped.size());
+}
+
 }  // namespace
 
 TEST(ReferenceInternodeShrink, EveryRankLiveIsTheCallWithoutALiveSet) {
@@ -374,6 +423,41 @@ TEST(ReferenceInternodeShrink, RankLostBeforeCombine) {
     check_lost_before_combine(c, {0}, nvl + nvl - 1);
     check_lost_before_combine(c, {}, c.num_ranks - 1);
   }
+}
+
+TEST(ReferenceInternodeShrink, RankLostBeforeCombineTakesItsForwardedPartials) {
+  for (const auto& [domains, nvl] : kShapes) {
+    // 80 tokens on every rank but rank 1 (which has none).
+    const Case c = make_case(850 + domains * nvl, domains, nvl, Routing::kUniform, 80);
+    // Rank 1: the forwarder of column 1 into domain 0 (the GPU job's stopped rank);
+    // then one that also substitutes for a masked column 0 of domain 1, and the
+    // forwarder of column 0 into the last domain.
+    EXPECT_GT(check_lost_partials_dropped(c, {}, 1), 0);
+    EXPECT_GT(check_lost_partials_dropped(c, {nvl + nvl - 2}, nvl + nvl - 1), 0);
+    EXPECT_GT(check_lost_partials_dropped(c, {}, c.num_ranks - nvl), 0);
+  }
+  // Domains of one rank: the lost rank forwards only what went to itself.
+  const Case ones = make_case(870, 4, 1, Routing::kUniform, 80);
+  check_lost_partials_dropped(ones, {}, 1);
+  check_lost_partials_dropped(ones, {2}, 1);
+}
+
+TEST(ReferenceInternodeShrink, DroppedPartialsDifferFromSummedOnes) {
+  const Case c = make_case(880, 2, 2, Routing::kUniform, 80);
+  const auto out = ref::internode_dispatch(c.inputs, c.params(), params_of(c, 2, {}));
+  const auto back = echo(out, c.hidden);
+  const std::vector<uint32_t> live = ref::internode_live_set(c.num_ranks, {1});
+  const auto summed = ref::internode_combine(back, out, c.hidden, c.num_topk, true, 3, live);
+  const auto dropped =
+      ref::internode_combine(back, out, c.hidden, c.num_topk, true, 3, live, ref::LostPartials::kDropped);
+  // Rank 3 = (1, 1) reaches domain 0 through rank 1: its tokens there lose rank 0's rows too.
+  EXPECT_NE(summed[3].combined_x, dropped[3].combined_x);
+  EXPECT_NE(summed[3].combined_topk_weights, dropped[3].combined_topk_weights);
+  // Rank 2 = (1, 0) reaches domain 0 through rank 0, which stays: nothing more is lost.
+  const auto summed2 = ref::internode_combine(back, out, c.hidden, c.num_topk, true, 2, live);
+  const auto dropped2 =
+      ref::internode_combine(back, out, c.hidden, c.num_topk, true, 2, live, ref::LostPartials::kDropped);
+  EXPECT_EQ(summed2[2].combined_x, dropped2[2].combined_x);
 }
 
 TEST(ReferenceInternodeShrink, WireFollowsTheForwarders) {

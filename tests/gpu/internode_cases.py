@@ -127,9 +127,12 @@ def combine(buf, case: Case, n: int, rank: int, out, device, num_recv: int, **kw
                        config=config(), **kwargs)
 
 
-def reference_combine(case: Case, n: int, refs, rank: int):
+def reference_combine(case: Case, n: int, refs, rank: int, live=None, drop_lost_partials: bool = False):
     """``rank``'s fp64 two-level combine, remote partials rounded to bf16
-    (shrink mode: over the dispatch's live set, which refs carry)."""
+    (shrink mode: over the dispatch's live set, which refs carry). live: the
+    ranks that take part in the combine (None: the dispatch's); a rank of the
+    dispatch left out of it loses its rows, and with drop_lost_partials the
+    partials it forwarded too (the GPU's shrink-mode combine)."""
     xs, ws, b0, b1 = [], [], [], []
     for r in range(n):
         x, biases = combine_inputs(case, n, r, refs[r].num_recv, with_biases=r == rank)
@@ -138,7 +141,8 @@ def reference_combine(case: Case, n: int, refs, rank: int):
         b0.append(biases[0].view(torch.int16).numpy().view(np.uint16) if len(biases) > 0 else None)
         b1.append(biases[1].view(torch.int16).numpy().view(np.uint16) if len(biases) > 1 else None)
     return turnout_reference.internode_combine(xs, ws, b0, b1, refs, case.hidden, case.topk,
-                                               round_remote_partials=True, only_rank=rank)[rank]
+                                               round_remote_partials=True, only_rank=rank, live=live,
+                                               drop_lost_partials=drop_lost_partials)[rank]
 
 
 def check_combine(out, ref, case: Case, what: str) -> None:

@@ -351,14 +351,20 @@ def shrink_masked(ctx) -> None:
         ctx.all_gather(None)
 
 
-def shrink_stopped_rank(n: int, d: int):
-    """The rank shrink_stops_at_dispatch stops, and what that exercises.
+def shrink_stopped_rank(n: int, d: int, before_combine: bool = False):
+    """The rank shrink_stops_at_dispatch (or, before_combine,
+    shrink_stops_before_combine) stops, and what that exercises.
     TURNOUT_SHRINK_STOPPED=r names another."""
     named = os.environ.get("TURNOUT_SHRINK_STOPPED")
     if named:
         return int(named), f"TURNOUT_SHRINK_STOPPED={named}"
     if d == 1:
+        if before_combine:
+            return 1, "a domain's only rank: domain 1's partials, its own rows, are lost"
         return 1, "a domain's only rank: no token reaches domain 1"
+    if before_combine:
+        return 1, (f"the forwarder of column 1 into domain 0 for the other {n // d - 1} domain(s): the partials "
+                   "it forwarded are lost")
     return 1, f"the forwarder of column 1 into domain 0 for the other {n // d - 1} domain(s): a substitute takes over"
 
 
@@ -397,7 +403,7 @@ def shrink_stops_at_dispatch(ctx) -> None:
     if os.environ.get(SHRINK_OPT_IN) != "1":
         ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
     if _nvshmem_left:
-        ctx.skip("shrink_masked left NVSHMEM initialized in this job; run it alone: "
+        ctx.skip(f"{_nvshmem_left[0]} left NVSHMEM initialized in this job; run it alone: "
                  "TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch")
     import torch
 
@@ -457,13 +463,105 @@ def shrink_stops_at_dispatch(ctx) -> None:
             torch.cuda.synchronize()
 
 
+def shrink_stops_before_combine(ctx) -> None:
+    """Shrink mode across domains, a rank that stops calling between a
+    dispatch and its combine (rank 1: the forwarder of the other domains'
+    column 1 into domain 0, or at one rank a domain a whole domain). Every
+    rank dispatches (checked against the reference); the survivors start the
+    combine together, judge every peer under the shrink timeout, mask the
+    rank and complete within the shrink timeout (+ a margin), matching the
+    reference with live= leaving the rank out and drop_lost_partials (its
+    rows and the partials it forwarded are lost: those tokens get the other
+    domains' sums). A second combine of the same handle does not wait and
+    gives the same bits; the next dispatch (FP8) and its combine do not wait
+    and match the reference without the rank. The stopped rank joins the
+    host-side meetings only, then masks itself so that every rank's destroy
+    leaves NVSHMEM alike. Only with TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1,
+    last in its job, and not in a job where another shrink check ran (they
+    leave NVSHMEM initialized): run it alone with
+    TURNOUT_DOMAIN_TESTS=shrink_stops_before_combine."""
+    if os.environ.get(SHRINK_OPT_IN) != "1":
+        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
+    if _nvshmem_left:
+        ctx.skip(f"{_nvshmem_left[0]} left NVSHMEM initialized in this job; run it alone: "
+                 "TURNOUT_DOMAIN_TESTS=shrink_stops_before_combine")
+    import torch
+
+    from harness import assert_equal
+    from internode_cases import (
+        buffer_bytes,
+        check_combine,
+        check_dispatch,
+        combine,
+        dispatch,
+        reference_combine,
+        reference_dispatch,
+    )
+    from intranode_cases import Case, inputs_of
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    stopped, role = shrink_stopped_rank(n, d, before_combine=True)
+    survivors = [r != stopped for r in range(n)]
+    first = Case("uniform", 128, 512, 8, 64, biases=1)
+    second = Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4)
+    nvl, rdma = buffer_bytes(1024, n, d)
+    _nvshmem_left.append("shrink_stops_before_combine")
+    with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True, shrink_timeout_s=STOP_SHRINK_S) as buf:
+        what = f"{n} ranks as {n // d} domains of {d}, rank {stopped} stopped before combine ({role})"
+        inputs = [inputs_of(first, n, r) for r in range(n)]
+        # Every rank meets here on the host, then dispatches.
+        ctx.all_gather(None)
+        out = dispatch(buf, first, inputs[me], dev)
+        torch.cuda.synchronize()
+        channels = out[4][1].shape[1]
+        refs = reference_dispatch(first, n, d, inputs, channels, live=[True] * n)
+        check_dispatch(out, refs[me], first, f"{what}, {first}: dispatch", shrink=True)
+        # Again, the stopped rank too: the survivors start their combine together.
+        ctx.all_gather(None)
+        if me != stopped:
+            def timed(call):
+                start = time.monotonic()
+                result = call()
+                torch.cuda.synchronize()
+                return result, time.monotonic() - start
+
+            back, took = timed(lambda: combine(buf, first, n, me, out, dev, refs[me].num_recv))
+            assert 0.9 * STOP_SHRINK_S <= took <= STOP_SHRINK_S + STOP_MARGIN_S, \
+                f"{what}: the combine gave up on rank {stopped} after {took:.2f} s, timeout {STOP_SHRINK_S} s"
+            got = mask_of(buf, n, dev)
+            assert got == {stopped}, f"{what}: the mask holds {sorted(got)}, expected [{stopped}]"
+            want = reference_combine(first, n, refs, me, live=survivors, drop_lost_partials=True)
+            check_combine(back, want, first, f"{what}, {first}: combine without rank {stopped}")
+            # The same combine again: the masked rank is not waited for, and the sums are the same bits.
+            again, took = timed(lambda: combine(buf, first, n, me, out, dev, refs[me].num_recv))
+            assert took < STOP_SHRINK_S, f"{what}: the second combine took {took:.2f} s: it waited for rank {stopped}"
+            assert_equal(again[0].view(torch.int16), back[0].view(torch.int16), f"{what}: second combine's rows")
+            assert_equal(again[1].view(torch.int32), back[1].view(torch.int32), f"{what}: second combine's weights")
+            # The next dispatch leaves the rank out from the start, and so does its combine.
+            what = f"{what}, {second}"
+            inputs = [inputs_of(second, n, r) for r in range(n)]
+            out, took = timed(lambda: dispatch(buf, second, inputs[me], dev))
+            assert took < STOP_SHRINK_S, f"{what}: the dispatch took {took:.2f} s: it waited for rank {stopped}"
+            refs = reference_dispatch(second, n, d, inputs, out[4][1].shape[1], live=survivors)
+            check_dispatch(out, refs[me], second, f"{what}: dispatch", shrink=True)
+            back, took = timed(lambda: combine(buf, second, n, me, out, dev, refs[me].num_recv))
+            assert took < STOP_SHRINK_S, f"{what}: the combine took {took:.2f} s: it waited for rank {stopped}"
+            check_combine(back, reference_combine(second, n, refs, me), second, f"{what}: combine")
+        ctx.all_gather(None)
+        if me == stopped:
+            # As the survivors' masks hold it, so that every destroy leaves NVSHMEM alike.
+            buf.low_latency_update_mask_buffer(stopped, mask=True)
+            torch.cuda.synchronize()
+
+
 TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_combine,
          "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
          "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
          "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan,
-         # Last: they leave NVSHMEM initialized in their processes (so the
-         # second skips where the first ran).
-         "shrink_masked": shrink_masked, "shrink_stops_at_dispatch": shrink_stops_at_dispatch}
+         # Last: they leave NVSHMEM initialized in their processes (so each
+         # skips where one before it ran).
+         "shrink_masked": shrink_masked, "shrink_stops_at_dispatch": shrink_stops_at_dispatch,
+         "shrink_stops_before_combine": shrink_stops_before_combine}
 
 
 def job(rank: int, world_size: int, tests):

@@ -1,8 +1,9 @@
 """The internode domain job's list of checks (tests/gpu/internode_domains_job.py)
-on the CPU: the runner and the job name the same checks, the two shrink checks
+on the CPU: the runner and the job name the same checks, the three shrink checks
 last (each leaves NVSHMEM initialized in its processes), and
-shrink_stops_at_dispatch runs only with the opt-in, in a job where
-shrink_masked did not run, stopping a rank that forwards for others."""
+shrink_stops_at_dispatch and shrink_stops_before_combine run only with the
+opt-in, in a job where no shrink check ran before, stopping a rank that
+forwards for others."""
 import pytest
 from gpu_modules import load_gpu_module
 
@@ -21,29 +22,38 @@ class Ctx:
         raise Skip(reason)
 
 
+SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
+
+
 def test_the_runner_and_the_job_name_the_same_checks_the_shrink_ones_last():
     assert set(job.TESTS) == set(runner.TESTS) and len(job.TESTS) == len(runner.TESTS)
-    assert tuple(job.TESTS)[-2:] == runner.TESTS[-2:] == ("shrink_masked", "shrink_stops_at_dispatch")
+    assert tuple(job.TESTS)[-3:] == runner.TESTS[-3:] == SHRINK_CHECKS
 
 
-def test_stops_at_dispatch_needs_the_opt_in_and_a_job_without_shrink_masked(monkeypatch):
+@pytest.mark.parametrize("name", ["shrink_stops_at_dispatch", "shrink_stops_before_combine"])
+@pytest.mark.parametrize("before", ["shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine"])
+def test_a_stopped_rank_check_needs_the_opt_in_and_a_job_without_another_shrink_check(monkeypatch, name, before):
+    check = job.TESTS[name]
     monkeypatch.setenv("TURNOUT_NVL_DOMAIN_SIZE", "2")
     monkeypatch.delenv(job.SHRINK_OPT_IN, raising=False)
     with pytest.raises(Skip, match=job.SHRINK_OPT_IN):
-        job.shrink_stops_at_dispatch(Ctx())
+        check(Ctx())
     monkeypatch.setenv(job.SHRINK_OPT_IN, "1")
-    monkeypatch.setattr(job, "_nvshmem_left", ["shrink_masked"])
-    with pytest.raises(Skip, match="TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch"):
-        job.shrink_stops_at_dispatch(Ctx())
+    monkeypatch.setattr(job, "_nvshmem_left", [before])
+    with pytest.raises(Skip, match=f"{before} left NVSHMEM initialized.*TURNOUT_DOMAIN_TESTS={name}"):
+        check(Ctx())
 
 
+@pytest.mark.parametrize("before_combine", [False, True])
 @pytest.mark.parametrize("n,d", [(4, 2), (4, 1), (8, 4), (8, 2), (16, 8)])
-def test_the_stopped_rank_forwards_for_the_other_domains(monkeypatch, n, d):
+def test_the_stopped_rank_forwards_for_the_other_domains(monkeypatch, n, d, before_combine):
     monkeypatch.delenv("TURNOUT_SHRINK_STOPPED", raising=False)
-    stopped, role = job.shrink_stopped_rank(n, d)
+    stopped, role = job.shrink_stopped_rank(n, d, before_combine=before_combine)
     assert stopped == 1 and role
+    # Stopped before its combine, its forwarded partials are lost; at its dispatch a substitute forwards.
+    assert ("lost" in role) == before_combine
     if d > 1:
         # Column 1 of domain 0: the forwarder of every other domain's column 1 into it.
         assert stopped // d == 0 and stopped % d == 1
     monkeypatch.setenv("TURNOUT_SHRINK_STOPPED", "3")
-    assert job.shrink_stopped_rank(n, d)[0] == 3
+    assert job.shrink_stopped_rank(n, d, before_combine=before_combine)[0] == 3

@@ -618,7 +618,7 @@ def test_internode_forwarders_substitute_the_next_live_column():
 
 
 @pytest.mark.parametrize("num_ranks, num_nvl_ranks, masked", [(4, 2, {3}), (8, 4, {4, 7}), (8, 2, {1, 2}),
-                                                               (16, 8, {0, 9, 10})])
+                                                               (16, 8, {0, 9, 10}), (4, 2, {0})])
 def test_internode_dispatch_with_masked_ranks_is_intranode_on_the_reduced_routing(num_ranks, num_nvl_ranks, masked):
     num_experts, num_topk, hidden, channels = 4 * num_ranks, 6, 16, 3
     xs, ids, weights, in_rank = internode_inputs(num_ranks, num_nvl_ranks, num_experts, num_topk, hidden,
@@ -666,6 +666,31 @@ def test_internode_dispatch_with_masked_ranks_is_intranode_on_the_reduced_routin
             continue
         np.testing.assert_array_equal(without[r][0], want_sums[r][0])
         np.testing.assert_array_equal(without[r][1], want_sums[r][1])
+    # drop_lost_partials: the partials the lost rank forwarded into its domain for other
+    # domains' sources are lost too: those sources' rows there read as zeros.
+    lost_domain, lost_local = divmod(lost, num_nvl_ranks)
+    dropped_rows = [x.copy() for x in zeroed]
+    dropped_ws = [w.copy() for w in zeroed_ws]
+    beyond_lost = 0  # rows forwarded by the lost rank to another rank of its domain
+    for dst in range(lost_domain * num_nvl_ranks, (lost_domain + 1) * num_nvl_ranks):
+        src = want[dst].recv_src_rank
+        forwarded = (src // num_nvl_ranks != lost_domain) & (forwarder[lost_domain, src % num_nvl_ranks] == lost_local)
+        dropped_rows[dst][forwarded] = 0
+        dropped_ws[dst][forwarded] = 0
+        beyond_lost += int(forwarded.sum()) if dst != lost else 0
+    dropped = ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, round_remote_partials=False,
+                                    live=later, drop_lost_partials=True)
+    want_dropped = ref.normal_combine(dropped_rows, dropped_ws, none, none, want, hidden, num_topk)
+    differs = False
+    for r in range(num_ranks):
+        if not later[r]:
+            assert dropped[r] is None
+            continue
+        np.testing.assert_array_equal(dropped[r][0], want_dropped[r][0])
+        np.testing.assert_array_equal(dropped[r][1], want_dropped[r][1])
+        differs |= not np.array_equal(dropped[r][0], without[r][0])
+    # Only rows the lost rank forwarded to others change a sum (its own are out either way).
+    assert differs == (beyond_lost > 0), f"dropping the lost rank's partials changes a sum: {differs}"
     with pytest.raises(ValueError, match="was masked in the dispatch"):
         ref.internode_combine(rows, ws, none, none, out, hidden, num_topk, live=[True] * num_ranks)
 

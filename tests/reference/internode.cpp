@@ -308,7 +308,7 @@ std::vector<InternodeDispatchResult> internode_dispatch(std::span<const NormalDi
 std::vector<NormalCombineResult> internode_combine(std::span<const NormalCombineInput> ranks,
                                                    std::span<const InternodeDispatchResult> dispatch, int hidden,
                                                    int num_topk, bool round_remote_partials, int only_rank,
-                                                   std::span<const uint32_t> live) {
+                                                   std::span<const uint32_t> live, LostPartials lost) {
   if (ranks.empty()) throw std::invalid_argument("ranks: need at least one rank");
   const int num_ranks = static_cast<int>(ranks.size());
   if (only_rank < -1 || only_rank >= num_ranks)
@@ -356,11 +356,14 @@ std::vector<NormalCombineResult> internode_combine(std::span<const NormalCombine
     results[s].combined_topk_weights.assign(static_cast<size_t>(dispatch[s].normal.num_tokens) * k_count, 0.0);
   }
   // Forwarders in rank order, so each source gets its domains' partial sums in domain
-  // order: a source has one forwarder per domain its tokens reach. A forwarder that is
-  // not live here still stands for whichever rank sums its columns: the partial of a
-  // (token, domain) is the same whoever sums it.
+  // order: a source has one forwarder per domain its tokens reach. With kSummed a
+  // forwarder that is not live here still stands for whichever rank sums its columns:
+  // the partial of a (token, domain) is the same whoever sums it. With kDropped its
+  // partials are lost (the only sources it forwards for in its own domain are itself
+  // and masked ranks, none of them wanted).
   std::vector<double> partial_x(h), partial_w(k_count);
   for (int f = 0; f < num_ranks; ++f) {
+    if (lost == LostPartials::kDropped && !live_here(f)) continue;
     const InternodeDispatchResult& fwd = dispatch[f];
     const int domain = f / nvl;
     for (int i = 0; i < fwd.num_forward; ++i) {

@@ -246,7 +246,8 @@ std::vector<InternodeResult> internode_dispatch(const nb::list& x, const nb::lis
 
 nb::list internode_combine(const nb::list& x, const nb::list& topk_weights, const nb::list& bias0,
                            const nb::list& bias1, const std::vector<InternodeResult>& dispatch, int hidden,
-                           int num_topk, bool round_remote_partials, int only_rank, nb::handle live) {
+                           int num_topk, bool round_remote_partials, int only_rank, nb::handle live,
+                           bool drop_lost_partials) {
   std::vector<reference::NormalCombineInput> inputs = combine_inputs(x, topk_weights, bias0, bias1);
   std::vector<reference::InternodeDispatchResult> results;
   std::vector<int> num_tokens;
@@ -255,8 +256,9 @@ nb::list internode_combine(const nb::list& x, const nb::list& topk_weights, cons
     num_tokens.push_back(results.back().normal.num_tokens);
   }
   const std::vector<uint32_t> combine_live = live_set(live, inputs.size());
-  auto combined =
-      reference::internode_combine(inputs, results, hidden, num_topk, round_remote_partials, only_rank, combine_live);
+  const auto lost = drop_lost_partials ? reference::LostPartials::kDropped : reference::LostPartials::kSummed;
+  auto combined = reference::internode_combine(inputs, results, hidden, num_topk, round_remote_partials, only_rank,
+                                               combine_live, lost);
   // A rank that sits the combine out gets None, as one only_rank leaves out.
   std::vector<bool> out_of_it(inputs.size(), false);
   for (size_t r = 0; r < inputs.size(); ++r)
@@ -712,10 +714,13 @@ NB_MODULE(turnout_reference, m) {
         "forwarded by substitutes (shrink mode).");
   m.def("internode_combine", &internode_combine, "x"_a, "topk_weights"_a, "bias0"_a, "bias1"_a, "dispatch"_a,
         "hidden"_a, "num_topk"_a, "round_remote_partials"_a = true, "only_rank"_a = -1, "live"_a = nb::none(),
+        "drop_lost_partials"_a = false,
         "Every rank's fp64 two-level combine, as normal_combine returns it; round_remote_partials rounds each "
         "partial sum of a domain other than the source's to bf16, as it crosses the network. live: None (the "
         "dispatch's) or a truth value per rank within the dispatch's; the rows of a rank left out are left out of "
-        "every sum and its result is None.");
+        "every sum and its result is None. drop_lost_partials: the partial sums such a rank forwarded (for other "
+        "domains' sources of the columns it served) are left out too, as the GPU combine in shrink mode leaves "
+        "them; else they are summed as if another rank forwarded them.");
   m.def("internode_forwarders", &internode_forwarders, "num_ranks"_a, "num_nvl_ranks"_a, "live"_a = nb::none(),
         "The forwarder plan of shrink mode across domains: (forwarder int32 [N, D]: the local index of the rank of "
         "domain e forwarding column n there, -1 if none; part int32 [N, D]: the part of that forwarder's rings "

@@ -261,12 +261,20 @@ std::vector<InternodeDispatchResult> internode_dispatch(std::span<const NormalDi
 //
 // live: the ranks that take part in the combine, within the dispatch's live set (empty =
 // the dispatch's). A rank that took part in the dispatch but not here (it stopped in
-// between) has its rows and weights left out of every sum, and no result of its own;
-// the sums do not depend on which rank forwards. Ranks outside it may pass anything.
+// between) has its rows and weights left out of every sum, and no result of its own.
+// Ranks outside it may pass anything. Such a rank was also a forwarder: `lost` says
+// whether the partial sums of the columns it forwarded still reach their sources
+// (kSummed: the sums do not depend on which rank forwards) or are left out too
+// (kDropped: those (token, domain) pairs add nothing, as turnout's GPU combine does in
+// shrink mode, docs/INTERNODE.md "A rank that stops calling between a dispatch and
+// its combine"). A source's own domain never goes through another rank, so only the
+// other domains' partials can be dropped.
+enum class LostPartials { kSummed, kDropped };
 std::vector<NormalCombineResult> internode_combine(std::span<const NormalCombineInput> ranks,
                                                    std::span<const InternodeDispatchResult> dispatch, int hidden,
                                                    int num_topk, bool round_remote_partials, int only_rank = -1,
-                                                   std::span<const uint32_t> live = {});
+                                                   std::span<const uint32_t> live = {},
+                                                   LostPartials lost = LostPartials::kSummed);
 
 // Network traffic of one dispatch and one combine, per rank: only what crosses between
 // domains (the NVLink hops are free here). Signals (channel counts, tails, heads, the

@@ -18,6 +18,16 @@
 // for rows the senders always deliver or for ring room the final reduce always
 // frees (it drains each network ring in token order, the order the forwarder
 // fills it), holding nothing unpublished.
+//
+// Shrink mode: every wait is judged (ctx: the mask, the shrink timeout), and a
+// rank of the dispatch's live set that is masked (since the dispatch, or by a
+// wait of this call) is left out: a sender's rows leave the sums, a
+// forwarder's partials are lost (its sources sum the other domains'), a
+// source gets nothing more. Senders still stream every row of the plan to a
+// forwarder that is there, whichever of its sources are gone, so that its
+// sub-rings hold the plan's rows: sender and forwarder need not agree on who
+// else is gone (docs/INTERNODE.md "A rank that stops calling between a
+// dispatch and its combine").
 #pragma once
 
 #include <cuda_bf16.h>
@@ -103,6 +113,21 @@ __device__ __forceinline__ bool warp_wait(const CombineParams& p, int peer, Read
   return __shfl_sync(~0u, ok, 0);
 }
 
+// Shrink mode, after a wait that gave up: its peer is masked (go on without
+// it), unless the call failed (some wait of this rank recorded an error).
+__device__ __forceinline__ bool peer_gone(const CombineParams& p, int lane) {
+  bool failed = false;
+  if (lane == 0) failed = device::wait_abandoned(p.ctx.errors);
+  return !__shfl_sync(~0u, failed, 0);
+}
+
+// Shrink mode: whether rank g is masked, alike on every lane.
+__device__ __forceinline__ bool masked(const CombineParams& p, int g, int lane) {
+  bool out = false;
+  if (lane == 0) out = device::rank_masked(p.ctx, g);
+  return __shfl_sync(~0u, out, 0);
+}
+
 // Bit k: token t of this rank went to local rank k of domain e.
 __device__ __forceinline__ uint32_t domain_mask(const CombineParams& p, int t, int e) {
   const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks;
@@ -155,6 +180,9 @@ __device__ __forceinline__ void send_rows_as(const CombineParams& p, int c, int 
   __shared__ int s_sent[32][32], s_count[32][32];
   const int warp = threadIdx.x / 32;
   const uint32_t served = kShrink ? Forwarders{h.live, N, D}.served(d, n) : 0u;
+  // A forwarder gone since the dispatch: its columns' partials are lost.
+  if constexpr (kShrink)
+    if (n != j && masked(p, d * D + n, lane)) return;
   // Lane s: the rows of source (s, n) in channel c, and how many went.
   int first = 0, count = 0, sent = 0;
   if (lane < N) {
@@ -217,7 +245,8 @@ __device__ void send_rows_shrink(const CombineParams& p, int c, int n, int lane)
 // Forward block, warp for other domain s: the partial sums of the tokens this
 // rank forwarded from (s, n), back to (s, n). kShrink: of every source (s, m)
 // whose column m it serves, part after part (dispatch's forward order), each
-// back to its source through that part of the rings.
+// back to its source through that part of the rings; a local rank gone leaves
+// its rows out, a source gone gets nothing (its rows are still taken).
 template <bool kShrink, int kWords, NetTransport T>
 __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, int lane) {
   const InternodeCombineArgs& a = p.args;
@@ -234,6 +263,17 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
   const int warp = threadIdx.x / 32;
   __shared__ const char* s_sum[32][kMaxNvlRanks];
   int consumed = 0;  // lane j: rows taken from sub-ring (c, j, s)
+  // kShrink, a token of a source gone: its rows go back to the senders unread.
+  const auto release = [&](uint32_t mask) {
+    if (lane < D && (mask >> lane & 1)) {
+      ++consumed;
+      device::store_release_sys(ints(p.peers.buffers[lane], p.nvl.head(c, n, s)), consumed);
+    }
+  };
+  // kShrink: bit j: local rank j still sends (not masked).
+  uint32_t senders = ~0u;
+  if constexpr (kShrink)
+    senders = __ballot_sync(~0u, lane < D && (lane == n || !device::rank_masked(p.ctx, d * D + lane)));
   bool ok = true;
   for (int part = 0; ok && part < P; ++part) {
     const int column = kShrink ? plan.served_column(d, n, part) : n, pe = s * D + column, row = s * P + part;
@@ -245,6 +285,9 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
     const int count = prefix[c] - before;
     const int64_t row0 = (row == 0 ? 0 : h.recv_rdma_rank_prefix_sum[row - 1]) + before;
     const int32_t* head = ints(local, kShrink ? p.net.head(c, s, part) : p.net.head(c, s));
+    // kShrink: the part's source is gone: no partials for it, its rows only taken.
+    bool lost = false;
+    if constexpr (kShrink) lost = masked(p, pe, lane);
     int placed = 0, put = 0;
     const auto flush = [&] {
       if constexpr (kShrink)
@@ -255,18 +298,37 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
     for (int i = 0; ok && i < count; ++i) {
       // The local ranks the token went to, from handle [9].
       const bool to_lane = lane < D && h.send_nvl_head[(row0 + i) * D + lane] >= 0;
-      const uint32_t mask = __ballot_sync(~0u, to_lane);
+      uint32_t mask = __ballot_sync(~0u, to_lane);
+      if constexpr (kShrink) mask &= senders;
       // Every row of the token has come.
       for (uint32_t left = mask; ok && left; left &= left - 1) {
         const int j = __ffs(left) - 1;
         const int want = __shfl_sync(~0u, consumed, j) + 1;
         const int32_t* tail = ints(self, p.nvl.tail(c, j, s));
         ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+        if constexpr (kShrink)
+          if (!ok && peer_gone(p, lane)) {
+            ok = true;
+            mask &= ~(1u << j);
+            senders &= ~(1u << j);
+          }
       }
       if (!ok) break;
+      if constexpr (kShrink)
+        if (lost) {
+          release(mask);
+          continue;
+        }
       if (placed - __shfl_sync(~0u, device::load_acquire_sys(head), 0) >= Q) {
         flush();
         ok = warp_wait(p, pe, [&] { return placed - device::load_acquire_sys(head) < Q; }, lane);
+        if constexpr (kShrink)
+          if (!ok && peer_gone(p, lane)) {
+            ok = true;
+            lost = true;
+            release(mask);
+            continue;
+          }
         if (!ok) break;
       }
       char* out = local + p.net.stage_slot(c, s, first_slot + placed % Q);
@@ -300,7 +362,7 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
       ++placed;
       if (placed - put == chunk) flush();
     }
-    if (ok) flush();
+    if (ok && !lost) flush();
   }
   net.quiet();
 }
@@ -309,7 +371,8 @@ __device__ void reduce_for(const CombineParams& p, const T& net, int c, int s, i
 // rank's tokens of channel c.
 // kShrink: masked ranks' columns of handle [0] read as cleared; domain e's
 // partials come from the forwarder of this rank's column there, through the
-// part of its rings that serves the column.
+// part of its rings that serves the column. A local rank gone leaves its rows
+// out; a forwarder gone, its domain's partials (they count as zero).
 template <bool kShrink, int kWords, NetTransport T>
 __device__ void reduce_final(const CombineParams& p, const T& net, int c, int lane) {
   const InternodeCombineArgs& a = p.args;
@@ -330,9 +393,16 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
         first_slot = part_first_slot(Q, parts, part);
         Q = part_slots(Q, parts);
       }
+      // Ranks gone since the dispatch: this domain's senders, another domain's forwarder.
+      if (lane == d) {
+        for (int k = 0; k < D; ++k)
+          if (k != n && device::rank_masked(p.ctx, d * D + k)) columns &= ~(1u << k);
+      } else if (f != kNoForwarder && device::rank_masked(p.ctx, lane * D + f)) {
+        columns = 0;
+      }
     }
   }
-  const uint32_t own_columns = kShrink ? __shfl_sync(~0u, columns, d) : ~0u;
+  uint32_t own_columns = kShrink ? __shfl_sync(~0u, columns, d) : ~0u;
   const int chunk = min(a.config.num_max_rdma_chunked_send_tokens, Q);
   const int n16 = a.hidden * 2 / 16;
   char* local = net.local();
@@ -347,14 +417,20 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
   int rows_taken = 0, partials = 0, credited = 0;
   bool ok = true;
   for (int t = begin; ok && t < end; ++t) {
-    const uint32_t own = domain_mask(p, t, d) & own_columns;
+    uint32_t own = domain_mask(p, t, d) & own_columns;
     const bool reaches = lane < N && lane != d && (domain_mask(p, t, lane) & columns) != 0;
-    const uint32_t far = __ballot_sync(~0u, reaches);
+    uint32_t far = __ballot_sync(~0u, reaches);
     for (uint32_t left = own; ok && left; left &= left - 1) {
       const int j = __ffs(left) - 1;
       const int want = __shfl_sync(~0u, rows_taken, j) + 1;
       const int32_t* tail = ints(self, p.nvl.tail(c, j, d));
       ok = warp_wait(p, d * D + j, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+      if constexpr (kShrink)
+        if (!ok && peer_gone(p, lane)) {
+          ok = true;
+          own &= ~(1u << j);
+          own_columns &= ~(1u << j);
+        }
     }
     for (uint32_t left = far; ok && left; left &= left - 1) {
       const int e = __ffs(left) - 1;
@@ -362,6 +438,12 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
       const int32_t* tail = ints(local, kShrink ? p.net.tail(c, e, __shfl_sync(~0u, part, e)) : p.net.tail(c, e));
       const int pe = e * D + (kShrink ? __shfl_sync(~0u, f, e) : n);
       ok = warp_wait(p, pe, [&] { return device::load_acquire_sys(tail) >= want; }, lane);
+      if constexpr (kShrink)
+        if (!ok && peer_gone(p, lane)) {
+          ok = true;
+          far &= ~(1u << e);
+          if (lane == e) columns = 0;
+        }
     }
     if (!ok) break;
     const int64_t out_row = static_cast<int64_t>(t) * a.hidden * 2;
@@ -420,7 +502,8 @@ __device__ void reduce_final(const CombineParams& p, const T& net, int c, int la
       }
     }
   }
-  if (ok && lane < N && lane != d && partials > credited)
+  // kShrink: no credit to a forwarder gone (its columns read as none).
+  if (ok && lane < N && lane != d && partials > credited && (!kShrink || columns != 0))
     net.add(lane * D + f, kShrink ? p.net.head(c, d, part) : p.net.head(c, d), partials - credited);
   net.quiet();
 }

@@ -56,9 +56,10 @@ struct NotifyParams {
   // rank, read as the call starts (ranks masked before the call). A fresh
   // dispatch judges the others under shrink_timeout_ns, agrees with the
   // survivors on who takes part (live_set.hpp) and masks the rest here; its
-  // later waits, and those of a cached dispatch and a combine, keep ctx's
-  // plain timeouts.
+  // later waits, and those of a cached dispatch, keep ctx's plain timeouts.
   int32_t* mask;
+  // A shrink-mode combine's is judged (ctx.mask set, shrink timeout): each
+  // of its waits masks a peer that does not come and goes on without it.
   WaitContext ctx;
   uint64_t shrink_timeout_ns;
 };
@@ -85,7 +86,8 @@ __host__ __device__ inline int dispatch_block_warps(int num_domains, int num_nvl
 // The combine data step: dispatch's pairs of blocks backwards. The send
 // block holds a sender warp per forwarder of this domain, the forward block a
 // warp per other domain (partial sums) and one for this domain (the final
-// sums): max(N, D) warps.
+// sums): max(N, D) warps. In shrink mode ctx is judged (mask, shrink
+// timeout): a peer gone since the dispatch is left out (combine.cuh).
 struct CombineParams {
   Peers peers;
   NetRegion net;

@@ -209,8 +209,11 @@ __device__ void recount_dropped(const NotifyParams& p, const uint32_t* start, co
 // dispatch starts from the ranks the mask buffer leaves, judges them under
 // the shrink timeout and agrees with the others on the call's live set
 // (agree_on_live), which it masks the rest by and leaves in handle [10]; a
-// cached dispatch and a combine take handle [10]. Every rank derives the same
-// forwarders from that set (Forwarders). Barriers and
+// cached dispatch and a combine take handle [10]. A combine comes with a
+// judged ctx (the mask, the shrink timeout): a rank of [10] masked since the
+// dispatch is neither sent to nor waited for, one that does not come is
+// masked, and the call goes on without it (its data step leaves it out).
+// Every rank derives the same forwarders from that set (Forwarders). Barriers and
 // arrivals go to every live far rank; each source puts its message to its
 // forwarder in each domain, into the part that serves its column; a forwarder
 // relays each part's message to its live local ranks, zeros for a masked
@@ -244,6 +247,12 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   const Forwarders plan{s_live, N, D};
   // kShrink: a far rank this one meets (every live rank of another domain).
   const auto far_peer = [&](int g) { return g / D != d && plan.is_live(g / D, g % D); };
+  // A combine's waits are judged (ctx has the mask): one that gave up leaves
+  // its rank masked, and the call goes on unless it failed (another wait
+  // recorded an error). A far peer masked since the dispatch is out of it.
+  const bool judged_combine = kShrink && p.ctx.mask != nullptr;
+  const auto in_call = [&](int g) { return far_peer(g) && !device::rank_masked(p.ctx, g); };
+  const auto gone = [&] { return judged_combine && !device::wait_abandoned(p.ctx.errors); };
   // Why this rank's input is bad (the OpKind whose check found it), or 0.
   __shared__ int s_bad;
   __shared__ int64_t s_bad_index, s_bad_value;
@@ -279,21 +288,22 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   bool ok = true;
   if constexpr (kShrink) {
     for (int g = tid; g < R; g += threads)
-      if (far_peer(g)) net.add(g, p.net.barrier + me * 4, 1);
+      if (in_call(g)) net.add(g, p.net.barrier + me * 4, 1);
     // The NVL barrier skips the local ranks the mask holds (ranks masked
     // before the dispatch: the same as the handle's live set for its cached
-    // dispatch and combine). A fresh dispatch judges every rank under the
-    // shrink timeout (round 1 of agree_on_live): a wait masks a rank that
-    // does not come, and the call goes on to the agreement.
+    // dispatch, and since it for a combine). A fresh dispatch judges every
+    // rank under the shrink timeout (round 1 of agree_on_live): a wait masks a
+    // rank that does not come, and the call goes on to the agreement. A
+    // combine judges them the same way (its ctx is judge).
     WaitContext judge = p.ctx;
     judge.mask = p.mask;
     if (p.exchange_counts) judge.timeout_ns = p.shrink_timeout_ns;
     if (!device::nvl_barrier(p.peers.control, n, D, judge)) return;
     for (int g = tid; g < R; g += threads)
-      if (far_peer(g)) {
+      if (in_call(g)) {
         const bool came = device::bounded_wait(p.exchange_counts ? judge : p.ctx, g, WaitSite::kBarrier,
                                                [&] { return reached(words(local, p.net.barrier) + g, epoch); });
-        ok = ok && (came || (p.exchange_counts && !device::wait_abandoned(p.ctx.errors)));
+        ok = ok && (came || (p.exchange_counts && !device::wait_abandoned(p.ctx.errors)) || gone());
       }
   } else {
     if (tid < N && tid != d) net.add(tid * D + n, p.net.barrier + d * 4, 1);
@@ -374,11 +384,12 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   ok = true;
   if constexpr (kShrink) {
     for (int g = tid; g < R; g += threads)
-      if (far_peer(g)) net.arrive(g, p.net.counts_arrived + me * 4, 1);
+      if (in_call(g)) net.arrive(g, p.net.counts_arrived + me * 4, 1);
     for (int g = tid; g < R; g += threads)
-      if (far_peer(g))
-        ok = ok && device::bounded_wait(p.ctx, g, WaitSite::kDispatchCounts,
-                                        [&] { return reached(words(local, p.net.counts_arrived) + g, epoch); });
+      if (in_call(g))
+        ok = ok && (device::bounded_wait(p.ctx, g, WaitSite::kDispatchCounts,
+                                         [&] { return reached(words(local, p.net.counts_arrived) + g, epoch); }) ||
+                    gone());
   } else {
     if (tid < N && tid != d) net.arrive(tid * D + n, p.net.counts_arrived + d * 4, 1);
     if (tid < N && tid != d)
@@ -452,12 +463,15 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
   }
   __threadfence_system();
   __syncthreads();
-  const bool local_peer = tid < D && (!kShrink || plan.is_live(d, tid));
+  const bool local_peer =
+      tid < D && (!kShrink || (plan.is_live(d, tid) && (tid == n || !device::rank_masked(p.ctx, d * D + tid))));
   if (local_peer) device::red_add_release_sys(words(p.peers.buffers[tid], p.nvl.relayed) + n, 1);
   ok = true;
-  if (local_peer)
+  if (local_peer) {
     ok = device::bounded_wait(p.ctx, d * D + tid, WaitSite::kDispatchCounts,
                               [&] { return reached(words(self, p.nvl.relayed) + tid, epoch); });
+    if constexpr (kShrink) ok = ok || gone();
+  }
   if (!__syncthreads_and(ok)) return;
   if (tid == 0) *reinterpret_cast<volatile uint32_t*>(local + p.net.epoch) = epoch;
   if (!p.exchange_counts) return;

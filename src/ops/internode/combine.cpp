@@ -10,7 +10,8 @@ void combine(BufferCore& core, const InternodeCombineArgs& a, cudaStream_t strea
   const BufferShape shape = begin_op(core, op, a.config);
   const Regions regions = check_combine(a, shape);
   core.begin_call();
-  // The counts step meets the dispatch's peers (shrink mode: the handle's live set).
+  // The counts step meets the dispatch's peers (shrink mode: the handle's live
+  // set, less a rank that does not come within the shrink timeout).
   InternodeDispatchCountsArgs meet;
   meet.handle = a.handle;
   launch_notify(core, notify_params(core, regions, false, meet, OpKind::kCombine), op, stream);
@@ -22,7 +23,8 @@ void combine(BufferCore& core, const InternodeCombineArgs& a, cudaStream_t strea
   p.slot = kernels::make_combine_slot(a.hidden, a.num_topk);
   p.net_local = static_cast<char*>(core.local_internode());
   p.args = a;
-  p.ctx = core.wait_context(OpKind::kCombine);
+  // Shrink mode: every wait judged under the shrink timeout, as the counts step's.
+  p.ctx = core.wait_context(OpKind::kCombine, a.handle.live != nullptr);
   const NvshmemApi& api = *core.internode_nvshmem();
   nvshmem_check(api, api.internode_combine(&p, stream), op);
   core.check_errors(op);

@@ -53,7 +53,8 @@ kernels::internode::NotifyParams notify_params(BufferCore& core, const Regions& 
   p.net_local = static_cast<char*>(core.local_internode());
   p.exchange_counts = exchange_counts;
   p.counts = counts;
-  p.ctx = core.wait_context(op);
+  // A shrink-mode combine judges every peer (the handle's live set: shrink mode).
+  p.ctx = core.wait_context(op, op == OpKind::kCombine && counts.handle.live != nullptr);
   p.mask = const_cast<int32_t*>(core.mask());
   p.shrink_timeout_ns = core.wait_context(op, true).timeout_ns;
   return p;
