@@ -58,17 +58,21 @@ class IdleNative:
     def join(self, waiter, waited):
         pass
 
-    def get_dispatch_layout(self, **kwargs):
+    def get_dispatch_layout(self, *args):
         pass
 
-    def dispatch_counts(self, **kwargs):
-        # A dispatch without num_worst_tokens receives what this rank sends.
-        return kwargs["num_tokens"], [0] * kwargs["num_experts"]
+    def dispatch_counts(self, *args):
+        # A dispatch without num_worst_tokens receives what this rank sends
+        # (args: is_token_in_rank, num_tokens, num_tokens_per_expert, num_experts, ...).
+        return args[1], [0] * args[3]
 
-    def dispatch(self, **kwargs):
+    def dispatch(self, *args):
         pass
 
-    def combine(self, **kwargs):
+    def dispatch_known_rows(self, *args):
+        pass
+
+    def combine(self, *args):
         pass
 
 
