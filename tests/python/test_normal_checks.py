@@ -195,6 +195,14 @@ def test_plain_arguments_skip_the_full_checks(monkeypatch):
     recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf, num_worst_tokens=T * R)
     inputs.dispatch(buf)
     buf.dispatch(inputs.x, handle)
+    for scales_dtype in (torch.float32, torch.int32):
+        x_fp8 = (torch.zeros(T, H, dtype=torch.float8_e4m3fn), torch.zeros(2, T, dtype=scales_dtype).t())
+        (recv_fp8, recv_scales), *_ = inputs.dispatch(buf, x=x_fp8)
+        assert recv_fp8.dtype == torch.float8_e4m3fn and recv_scales.dtype == scales_dtype
+        call = [c for m, c in buf._context.native.calls if m == "dispatch"][-1]
+        assert (call["row_bytes"], call["num_scales"], call["scale_stride_token"], call["scale_stride_group"]) == \
+            (H, 2, 1, T)
+        buf.dispatch(x_fp8, handle)
     bias = torch.zeros(T, H, dtype=torch.bfloat16)
     buf.combine(torch.zeros(T * R, H, dtype=torch.bfloat16), handle, torch.zeros(T * R, K), (bias, bias))
     assert launched(buf)[-1] == "combine"

@@ -24,6 +24,7 @@ _BF16 = torch.bfloat16
 _BOOL = torch.bool
 _I32 = torch.int32
 _F32 = torch.float32
+_FP8 = torch.float8_e4m3fn
 
 
 def _checked_dispatch(context: OpContext, op: str, x, handle, num_tokens_per_rank, is_token_in_rank,
@@ -85,14 +86,28 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     are one native call."""
     op = "dispatch"
     index, num_ranks = context.device_index, context.num_ranks
-    # The common cases: BF16 x, and a fresh dispatch with top-k from this
-    # buffer's layout, or a cached one from this buffer's handle.
-    checked = (type(x) is _Tensor and type(expert_alignment) is int and type(num_worst_tokens) is int
-               and x.dtype == _BF16 and x.dim() == 2 and x.get_device() == index and x.is_contiguous()
-               and expert_alignment >= 1 and num_worst_tokens >= 0)
-    if checked:
-        num_tokens, hidden = x.shape
-        checked = not hidden % 8 and not x.data_ptr() % 16
+    # The common cases: BF16 x or FP8 x with its scales, and a fresh dispatch
+    # with top-k from this buffer's layout, or a cached one from this buffer's handle.
+    checked = type(expert_alignment) is int and type(num_worst_tokens) is int and expert_alignment >= 1 \
+        and num_worst_tokens >= 0
+    if type(x) is _Tensor:
+        data, scales = x, None
+        checked = checked and x.dtype == _BF16 and x.dim() == 2 and x.get_device() == index and x.is_contiguous()
+        if checked:
+            num_tokens, hidden = x.shape
+            checked = not hidden % 8 and not x.data_ptr() % 16
+            row_bytes = hidden * 2
+    elif type(x) is tuple and len(x) == 2:
+        data, scales = x
+        checked = (checked and type(data) is _Tensor and type(scales) is _Tensor and data.dtype == _FP8
+                   and (scales.dtype == _F32 or scales.dtype == _I32) and data.dim() == 2 and scales.dim() == 2
+                   and data.get_device() == index and scales.get_device() == index and data.is_contiguous())
+        if checked:
+            num_tokens, hidden = data.shape
+            checked = scales.shape[0] == num_tokens and not hidden % 16 and not data.data_ptr() % 16
+            row_bytes = hidden
+    else:
+        checked = False
     if checked and handle is None:
         checked = (type(is_token_in_rank) is _Tensor and type(num_tokens_per_rank) is _Tensor
                    and type(num_tokens_per_expert) is _Tensor and type(topk_idx) is _Tensor
@@ -110,17 +125,15 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
         if checked:
             num_experts, num_topk = num_tokens_per_expert.shape[0], topk_idx.shape[1]
             checked = num_experts and not num_experts % num_ranks
-            data, scales, rank_prefix_matrix, num_recv = x, None, None, 0
+            rank_prefix_matrix, num_recv = None, 0
     elif checked:
         checked = (type(handle) is _Handle and getattr(handle, "_owner", None) is context.handle_owner
                    and topk_idx is None and topk_weights is None)
         if checked:
             rank_prefix_matrix, _, _, cached_src_idx, is_token_in_rank, _ = handle
             checked = is_token_in_rank.shape[0] == num_tokens
-            data, scales, num_experts, num_topk, num_recv = x, None, 0, 0, cached_src_idx.shape[0]
-    if checked:
-        row_bytes = hidden * 2
-    else:
+            num_experts, num_topk, num_recv = 0, 0, cached_src_idx.shape[0]
+    if not checked:
         data, scales, num_experts, num_topk, is_token_in_rank, rank_prefix_matrix, num_recv = _checked_dispatch(
             context, op, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
             topk_weights, expert_alignment, num_worst_tokens)
