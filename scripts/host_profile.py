@@ -1,7 +1,8 @@
 """Host time of the ops' Python layer, without a GPU.
 
-Drives ``Buffer.get_dispatch_layout``, ``dispatch`` and ``combine`` (normal
-mode, without async_finish: its torch.cuda.Event needs a GPU) and
+Drives ``Buffer.get_dispatch_layout``, ``dispatch`` (BF16: with
+``num_worst_tokens``, waiting for the counts, cached; FP8) and ``combine``
+(normal mode, without async_finish: its torch.cuda.Event needs a GPU) and
 ``low_latency_dispatch`` / ``low_latency_combine`` (every mode the bench
 times for host time: FP8, BF16, with stats, ``async_finish``, the send of
 ``return_recv_hook`` and its ``hook()``) over CPU tensors and a stand-in
@@ -58,17 +59,21 @@ class IdleNative:
     def join(self, waiter, waited):
         pass
 
-    def get_dispatch_layout(self, **kwargs):
+    def get_dispatch_layout(self, *args):
         pass
 
-    def dispatch_counts(self, **kwargs):
-        # A dispatch without num_worst_tokens receives what this rank sends.
-        return kwargs["num_tokens"], [0] * kwargs["num_experts"]
+    def dispatch_counts(self, *args):
+        # A dispatch without num_worst_tokens receives what this rank sends
+        # (args: is_token_in_rank, num_tokens, num_tokens_per_expert, num_experts, ...).
+        return args[1], [0] * args[3]
 
-    def dispatch(self, **kwargs):
+    def dispatch(self, *args):
         pass
 
-    def combine(self, **kwargs):
+    def dispatch_known_rows(self, *args):
+        pass
+
+    def combine(self, *args):
         pass
 
 
@@ -146,9 +151,12 @@ def modes(buffer: Buffer):
     num_tokens_per_rank, _, num_tokens_per_expert, is_token_in_rank, _ = \
         buffer.get_dispatch_layout(topk_idx, EXPERTS)
 
-    def normal_dispatch(**kwargs):
-        return buffer.dispatch(x, None, num_tokens_per_rank, None, is_token_in_rank, num_tokens_per_expert, topk_idx,
-                               weights, **kwargs)
+    # FP8 rows with float scales, one per 128 channels, column-major as DeepEP's callers pass them.
+    x_fp8 = (x.to(torch.float8_e4m3fn), torch.ones(HIDDEN // 128, TOKENS).t())
+
+    def normal_dispatch(rows=x, **kwargs):
+        return buffer.dispatch(rows, None, num_tokens_per_rank, None, is_token_in_rank, num_tokens_per_expert,
+                               topk_idx, weights, **kwargs)
 
     def normal_combine(n):
         recv_x, _, recv_weights, _, handle, _ = normal_dispatch()
@@ -163,6 +171,7 @@ def modes(buffer: Buffer):
         ("dispatch BF16, num_worst_tokens", loop(lambda: normal_dispatch(num_worst_tokens=TOKENS * RANKS))),
         ("dispatch BF16, counts from the host", loop(normal_dispatch)),
         ("dispatch BF16, cached", cached_dispatch),
+        ("dispatch FP8, num_worst_tokens", loop(lambda: normal_dispatch(x_fp8, num_worst_tokens=TOKENS * RANKS))),
         ("combine BF16, with weights", normal_combine),
         ("low_latency_dispatch FP8", loop(dispatch)),
         ("low_latency_dispatch FP8, cumulative stats",

@@ -3,11 +3,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "bindings.hpp"
+#include "turnout/error.hpp"
 
 namespace turnout::bindings {
 
@@ -48,12 +50,13 @@ std::tuple<int, std::vector<int>> dispatch_counts(Buffer& b, uintptr_t is_token_
   return {c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert)};
 }
 
-void dispatch(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
-              int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx, uintptr_t topk_weights,
-              int num_topk, int num_experts, uintptr_t is_token_in_rank, uintptr_t rank_prefix_matrix,
-              int num_recv_rows, int num_worst_tokens, const Config& config, uintptr_t recv_x, uintptr_t recv_x_scales,
-              uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens,
-              uintptr_t s, MaybeStream join_to) {
+// The data step's arguments (the counts step reads a subset of them).
+DispatchArgs dispatch_args(uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
+                           int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx,
+                           uintptr_t topk_weights, int num_topk, int num_experts, uintptr_t is_token_in_rank,
+                           uintptr_t rank_prefix_matrix, int num_recv_rows, int num_worst_tokens, const Config& config,
+                           uintptr_t recv_x, uintptr_t recv_x_scales, uintptr_t recv_topk_idx,
+                           uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens) {
   DispatchArgs a;
   a.x = ptr<const void>(x);
   a.num_tokens = num_tokens;
@@ -77,6 +80,58 @@ void dispatch(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x
   a.out.recv_topk_weights = ptr<float>(recv_topk_weights);
   a.out.recv_src_idx = ptr<int32_t>(recv_src_idx);
   a.out.source_num_tokens = ptr<int32_t>(source_num_tokens);
+  return a;
+}
+
+void dispatch(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
+              int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx, uintptr_t topk_weights,
+              int num_topk, int num_experts, uintptr_t is_token_in_rank, uintptr_t rank_prefix_matrix,
+              int num_recv_rows, int num_worst_tokens, const Config& config, uintptr_t recv_x, uintptr_t recv_x_scales,
+              uintptr_t recv_topk_idx, uintptr_t recv_topk_weights, uintptr_t recv_src_idx, uintptr_t source_num_tokens,
+              uintptr_t s, MaybeStream join_to) {
+  const DispatchArgs a = dispatch_args(
+      x, num_tokens, row_bytes, x_scales, num_scales, scale_stride_token, scale_stride_group, topk_idx, topk_weights,
+      num_topk, num_experts, is_token_in_rank, rank_prefix_matrix, num_recv_rows, num_worst_tokens, config, recv_x,
+      recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx, source_num_tokens);
+  b.dispatch(a, stream(s));
+  join_after(b, s, join_to);
+}
+
+// A dispatch whose receive rows the host knows before the counts step (a
+// cached one: the handle's; or one with num_worst_tokens): both steps in one
+// call into the module, joins included. A cached dispatch passes no
+// num_tokens_per_expert and num_worst_tokens 0; its counts step only checks
+// that the handle's rows still fit.
+void dispatch_known_rows(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, uintptr_t x_scales, int num_scales,
+                         int64_t scale_stride_token, int64_t scale_stride_group, uintptr_t topk_idx,
+                         uintptr_t topk_weights, int num_topk, int num_experts, uintptr_t num_tokens_per_expert,
+                         int expert_alignment, uintptr_t is_token_in_rank, uintptr_t rank_prefix_matrix,
+                         int num_recv_rows, int num_worst_tokens, const Config& config, uintptr_t recv_x,
+                         uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights,
+                         uintptr_t recv_src_idx, uintptr_t source_num_tokens, uintptr_t s, MaybeStream wait_for,
+                         MaybeStream join_to) {
+  // With no rows known the counts step would wait on the host for them: that is dispatch_counts' job.
+  if (num_recv_rows < 1 && num_tokens_per_expert != 0)
+    throw InvalidArgument("dispatch: num_recv_rows must be >= 1 with num_tokens_per_expert, got " +
+                          std::to_string(num_recv_rows));
+  const DispatchArgs a = dispatch_args(
+      x, num_tokens, row_bytes, x_scales, num_scales, scale_stride_token, scale_stride_group, topk_idx, topk_weights,
+      num_topk, num_experts, is_token_in_rank, rank_prefix_matrix, num_recv_rows, num_worst_tokens, config, recv_x,
+      recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx, source_num_tokens);
+  DispatchCountsArgs counts;
+  counts.num_tokens = num_tokens;
+  counts.is_token_in_rank = a.is_token_in_rank;
+  counts.num_tokens_per_expert = ptr<const int32_t>(num_tokens_per_expert);
+  counts.num_experts = num_experts;
+  counts.topk_idx = a.topk_idx;
+  counts.num_topk = num_topk;
+  counts.expert_alignment = expert_alignment;
+  // The rows the outputs have: the counts step checks the receive count fits them.
+  counts.num_worst_tokens = num_recv_rows;
+  set_channels(counts, config);
+  counts.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
+  join_before(b, s, wait_for);
+  b.dispatch_counts(counts, stream(s));
   b.dispatch(a, stream(s));
   join_after(b, s, join_to);
 }
@@ -118,6 +173,12 @@ void bind_intranode(BufferClass& buffer) {
            "num_experts"_a, "is_token_in_rank"_a, "rank_prefix_matrix"_a, "num_recv_rows"_a, "num_worst_tokens"_a,
            "config"_a, "recv_x"_a, "recv_x_scales"_a, "recv_topk_idx"_a, "recv_topk_weights"_a, "recv_src_idx"_a,
            "source_num_tokens"_a, "stream"_a, "join_to"_a)
+      .def("dispatch_known_rows", &dispatch_known_rows, "x"_a, "num_tokens"_a, "row_bytes"_a, "x_scales"_a,
+           "num_scales"_a, "scale_stride_token"_a, "scale_stride_group"_a, "topk_idx"_a, "topk_weights"_a, "num_topk"_a,
+           "num_experts"_a, "num_tokens_per_expert"_a, "expert_alignment"_a, "is_token_in_rank"_a,
+           "rank_prefix_matrix"_a, "num_recv_rows"_a, "num_worst_tokens"_a, "config"_a, "recv_x"_a, "recv_x_scales"_a,
+           "recv_topk_idx"_a, "recv_topk_weights"_a, "recv_src_idx"_a, "source_num_tokens"_a, "stream"_a, "wait_for"_a,
+           "join_to"_a)
       .def("combine", &combine, "x"_a, "num_rows"_a, "hidden"_a, "topk_weights"_a, "num_topk"_a, "bias0"_a, "bias1"_a,
            "rank_prefix_matrix"_a, "source_num_tokens"_a, "recv_src_idx"_a, "is_token_in_rank"_a, "num_tokens"_a,
            "config"_a, "combined_x"_a, "combined_topk_weights"_a, "stream"_a, "wait_for"_a, "join_to"_a);

@@ -1,7 +1,8 @@
 """A stand-in for the native low-latency buffer and its event ring, and the
 OpContext and inputs that drive the Python layer
-(python/turnout/ops/low_latency.py) over them on the CPU. Each native call is
-checked against the real binding's signature, so what passes here is what the
+(python/turnout/ops/low_latency.py) over them on the CPU; and one for the
+normal ops' native calls (NormalNativeStandIn). Each native call is checked
+against the real binding's signature, so what passes here is what the
 module would accept."""
 import re
 import types
@@ -122,6 +123,38 @@ class NativeStandIn:
     def destroy(self):
         self.destroyed = True
         self.calls.append(("destroy", {}))
+
+
+class NormalNativeStandIn(NativeStandIn):
+    """The normal ops' native calls (get_dispatch_layout, intranode dispatch
+    and combine), recorded and failing (``fail_next``) as NativeStandIn's
+    launches do. A dispatch that waits for its counts receives
+    ``counts(call)``: by default what this rank sends, no token per expert."""
+
+    def counts(self, call):
+        return call["num_tokens"], [0] * call["num_experts"]
+
+    def _call(self, method, args):
+        call = self._record(method, args)
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        return call
+
+    def get_dispatch_layout(self, *args):
+        self._call("get_dispatch_layout", args)
+
+    def dispatch_counts(self, *args):
+        return self.counts(self._call("dispatch_counts", args))
+
+    def dispatch(self, *args):
+        self._call("dispatch", args)
+
+    def dispatch_known_rows(self, *args):
+        self._call("dispatch_known_rows", args)
+
+    def combine(self, *args):
+        self._call("combine", args)
 
 
 CALLER_STREAM = 0x1000

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from low_latency_standin import patch_streams
+from low_latency_standin import CALLER_STREAM, NormalNativeStandIn, patch_streams
 from turnout import Buffer, Config
 from turnout.ops import handle as handle_module
 from turnout.ops import intranode, layout
@@ -22,39 +22,13 @@ FAST, FULL = -1, 0
 PATHS = pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
 
 
-class NormalStandIn:
-    """Records the normal ops' native calls; a dispatch without
-    num_worst_tokens receives what this rank sends."""
-
-    destroyed = False
-
-    def __init__(self):
-        self.calls = []
-
-    def get_dispatch_layout(self, **kwargs):
-        self.calls.append(("get_dispatch_layout", kwargs))
-
-    def dispatch_counts(self, **kwargs):
-        self.calls.append(("dispatch_counts", kwargs))
-        return kwargs["num_tokens"], [0] * kwargs["num_experts"]
-
-    def dispatch(self, **kwargs):
-        self.calls.append(("dispatch", kwargs))
-
-    def combine(self, **kwargs):
-        self.calls.append(("combine", kwargs))
-
-    def join(self, waiter, waited):
-        self.calls.append(("join", dict(waiter=waiter, waited=waited)))
-
-
 @pytest.fixture(autouse=True)
 def caller_stream(monkeypatch):
     return patch_streams(monkeypatch)
 
 
 def buffer_on(device_index):
-    context = types.SimpleNamespace(native=NormalStandIn(), device=torch.device("cpu"), device_index=device_index,
+    context = types.SimpleNamespace(native=NormalNativeStandIn(), device=torch.device("cpu"), device_index=device_index,
                                     num_ranks=R, num_rdma_ranks=1, comm_stream=None, comm_raw=0x2000,
                                     handle_owner=object(), low_latency=None)
     buf = Buffer.__new__(Buffer)
@@ -202,7 +176,7 @@ def test_a_plain_tuple_handle_is_checked_and_accepted():
     recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf)
     buf.combine(recv_x, tuple(handle), recv_weights)
     buf.dispatch(inputs.x, list(handle))
-    assert launched(buf)[-3:] == ["combine", "dispatch_counts", "dispatch"]
+    assert launched(buf)[-2:] == ["combine", "dispatch_known_rows"]
 
 
 def test_plain_arguments_skip_the_full_checks(monkeypatch):
@@ -221,6 +195,14 @@ def test_plain_arguments_skip_the_full_checks(monkeypatch):
     recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf, num_worst_tokens=T * R)
     inputs.dispatch(buf)
     buf.dispatch(inputs.x, handle)
+    for scales_dtype in (torch.float32, torch.int32):
+        x_fp8 = (torch.zeros(T, H, dtype=torch.float8_e4m3fn), torch.zeros(2, T, dtype=scales_dtype).t())
+        (recv_fp8, recv_scales), *_ = inputs.dispatch(buf, x=x_fp8)
+        assert recv_fp8.dtype == torch.float8_e4m3fn and recv_scales.dtype == scales_dtype
+        call = [c for m, c in buf._context.native.calls if m == "dispatch"][-1]
+        assert (call["row_bytes"], call["num_scales"], call["scale_stride_token"], call["scale_stride_group"]) == \
+            (H, 2, 1, T)
+        buf.dispatch(x_fp8, handle)
     bias = torch.zeros(T, H, dtype=torch.bfloat16)
     buf.combine(torch.zeros(T * R, H, dtype=torch.bfloat16), handle, torch.zeros(T * R, K), (bias, bias))
     assert launched(buf)[-1] == "combine"
@@ -238,3 +220,32 @@ def test_the_default_config_is_made_once_per_group_size_and_sm_count():
     third = [c["config"] for m, c in buf._context.native.calls if m == "dispatch"][-1]
     assert third is not first and third.num_sms == Buffer.num_sms
     assert repr(third) == repr(Buffer.get_dispatch_config(R))
+
+
+@pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
+def test_a_native_call_that_raises_joins_the_callers_stream_back(call):
+    """A plain op has no OpStreams: its native calls join the caller's stream
+    both ways, and one that raises may have joined only the first way."""
+    buf = buffer_on(FAST)
+    inputs = Inputs(buf)
+    recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf)
+    calls = {"layout": lambda: buf.get_dispatch_layout(inputs.topk_idx, E),
+             "worst": lambda: inputs.dispatch(buf, num_worst_tokens=T * R),
+             "waited": lambda: inputs.dispatch(buf),
+             "cached": lambda: buf.dispatch(inputs.x, handle),
+             "combine": lambda: buf.combine(recv_x, handle, recv_weights)}
+    buf._context.native.fail_next = RuntimeError("raised by the native call")
+    with pytest.raises(RuntimeError, match="raised by the native call"):
+        calls[call]()
+    assert buf._context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": 0x2000})
+
+
+@pytest.mark.parametrize("num_worst_tokens", [0, T * R])
+def test_the_native_calls_join_the_callers_stream_both_ways(num_worst_tokens):
+    buf = buffer_on(FAST)
+    inputs = Inputs(buf)
+    handle = inputs.dispatch(buf, num_worst_tokens=num_worst_tokens)[4]
+    buf.dispatch(inputs.x, handle)
+    first, last = buf._context.native.calls[1], buf._context.native.calls[-1]
+    assert (first[1]["wait_for"], last[1]["join_to"]) == (CALLER_STREAM, CALLER_STREAM)
+    assert all(call["stream"] == 0x2000 for _, call in buf._context.native.calls)

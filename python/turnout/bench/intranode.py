@@ -89,19 +89,48 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     bursts of ``BURST`` after the GPU drains and the ranks meet: "host us" is
     the median over the calls after the first of a burst (the host runs ahead
     of the GPU, as in a training step), "host us after sync" the median of the
-    first calls, which also pay the host's wake-up from the wait for the GPU."""
+    first calls, which also pay the host's wake-up from the wait for the GPU.
+
+    The rows "... only" time parts of the first and last call, to tell where
+    their host time goes: the native call alone (its outputs made once, its
+    arguments ready), the outputs alone (made and freed as the op does), and
+    the two stream joins around an op alone (two native calls, each an event
+    record and a stream wait)."""
     topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
     config = config_for(MAIN_SMS)
-    worst = MAIN_TOKENS * buffer.group_size
+    num_ranks = buffer.group_size
+    worst = MAIN_TOKENS * num_ranks
     layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx, topk_weights=topk_weights, config=config)
     out = buffer.dispatch(x, **layout)
+    native = buffer._native
+    comm, caller = buffer._context.comm_raw, torch.cuda.current_stream().cuda_stream
+
+    def outputs():  # what a dispatch with num_worst_tokens allocates, in its order
+        return (per_rank.new_empty(num_ranks, num_ranks), x.new_empty(worst, HIDDEN),
+                topk_idx.new_empty(worst, NUM_TOPK), topk_weights.new_empty(worst, NUM_TOPK),
+                per_rank.new_empty(num_ranks), per_rank.new_empty(worst))
+
+    # The native calls as the ops make them (python/turnout/ops/intranode.py), into outputs made once.
+    prefix, recv_x, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx = outputs()
+    dispatch_args = (x.data_ptr(), MAIN_TOKENS, HIDDEN * 2, 0, 0, 0, 0, topk_idx.data_ptr(), topk_weights.data_ptr(),
+                     NUM_TOPK, NUM_EXPERTS, per_expert.data_ptr(), 1, in_rank.data_ptr(), prefix.data_ptr(), worst,
+                     worst, config, recv_x.data_ptr(), 0, recv_topk_idx.data_ptr(), recv_topk_weights.data_ptr(),
+                     recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), comm, caller, caller)
+    handle = out[4]
+    combined_x = out[0].new_empty(MAIN_TOKENS, HIDDEN)
+    combine_args = (out[0].data_ptr(), out[0].shape[0], HIDDEN, 0, 0, 0, 0, handle[0].data_ptr(), handle[1].data_ptr(),
+                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0, comm,
+                    caller, caller)
     # (call, whether it waits for the counts on the host)
     calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),
+             "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False),
+             "dispatch bf16, outputs only": (outputs, False),
              "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
-             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False)}
-    native = buffer._native
+             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False),
+             "combine bf16, native call only": (lambda: native.combine(*combine_args), False),
+             "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False)}
     rows = []
     for op, (fn, waits) in calls.items():
         first, warm = [], []

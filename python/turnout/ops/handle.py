@@ -24,16 +24,6 @@ class DispatchHandle(tuple):
     """
 
 
-def allocate_source_info(num_ranks: int, num_recv: int,
-                         device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the allocation, source_num_tokens, recv_src_idx) of a new handle: one
-    allocation, every source rank's token count in front of the source indices."""
-    source_info = torch.empty(num_ranks + num_recv, dtype=torch.int32, device=device)
-    # One split call costs less than a slice each.
-    source_num_tokens, recv_src_idx = source_info.split_with_sizes([num_ranks, num_recv])
-    return source_info, source_num_tokens, recv_src_idx
-
-
 def new_handle(context: OpContext, rank_prefix_matrix: torch.Tensor, source_num_tokens: torch.Tensor,
                recv_src_idx: torch.Tensor, is_token_in_rank: torch.Tensor) -> DispatchHandle:
     handle = DispatchHandle((rank_prefix_matrix, source_num_tokens, None, recv_src_idx, is_token_in_rank, None))

@@ -6,8 +6,11 @@ import torch
 
 from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail, is_plain_nd
 from ..event import EventOverlap
-from .context import OpContext
-from .streams import OpStreams
+from . import streams as op_streams
+from .context import OpContext, require_alive
+
+_I32 = torch.int32
+_BOOL = torch.bool
 
 
 def get_dispatch_layout(context: OpContext, topk_idx: torch.Tensor, num_experts: int,
@@ -25,22 +28,33 @@ def get_dispatch_layout(context: OpContext, topk_idx: torch.Tensor, num_experts:
     num_tokens, num_topk = topk_idx.shape
     num_rdma_ranks = context.num_rdma_ranks
     has_rdma = num_rdma_ranks > 1
-    with OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream) as streams:
-        # Every count in one allocation, split in one call (cheaper than a slice each).
-        counts = torch.empty(num_ranks + (num_rdma_ranks if has_rdma else 0) + num_experts, dtype=torch.int32,
-                             device=device)
-        if has_rdma:
-            num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert = counts.split_with_sizes(
-                [num_ranks, num_rdma_ranks, num_experts])
-        else:
-            num_tokens_per_rank, num_tokens_per_expert = counts.split_with_sizes([num_ranks, num_experts])
-            num_tokens_per_rdma_rank = None
-        is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=device)
-        context.native.get_dispatch_layout(
-            topk_idx=topk_idx.data_ptr(), num_tokens=num_tokens, num_topk=num_topk, num_experts=num_experts,
-            num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
-            num_tokens_per_rdma_rank=num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0,
-            num_tokens_per_expert=num_tokens_per_expert.data_ptr(), is_token_in_rank=is_token_in_rank.data_ptr(),
-            stream=context.comm_raw, wait_for=streams.wait_for, join_to=streams.join_to)
-    event = streams.finish((topk_idx, counts, is_token_in_rank))
+    native = context.native
+    # A plain call makes no OpStreams: the native call joins the caller's stream both ways.
+    if previous_event is None and not async_finish and not allocate_on_comm_stream:
+        if native.destroyed:
+            require_alive(native, op)
+        streams = None
+        wait_for = join_to = caller = op_streams.current_raw_stream(context.device_index)
+    else:
+        streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
+        wait_for, join_to, caller = streams.wait_for, streams.join_to, None
+    try:
+        # An allocation per output, each new_empty of the checked topk_idx: cheaper
+        # than torch.empty's arguments, or one allocation split in several.
+        num_tokens_per_rank = topk_idx.new_empty(num_ranks, dtype=_I32)
+        num_tokens_per_rdma_rank = topk_idx.new_empty(num_rdma_ranks, dtype=_I32) if has_rdma else None
+        num_tokens_per_expert = topk_idx.new_empty(num_experts, dtype=_I32)
+        is_token_in_rank = topk_idx.new_empty(num_tokens, num_ranks, dtype=_BOOL)
+        native.get_dispatch_layout(
+            topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
+            num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
+            is_token_in_rank.data_ptr(), context.comm_raw, wait_for, join_to)
+    except BaseException:
+        op_streams.unwind(context, streams, caller)
+        raise
+    if streams is None:
+        event = EventOverlap()
+    else:
+        event = streams.finish((topk_idx, num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
+                                is_token_in_rank))
     return num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank, event

@@ -10,6 +10,18 @@ from ..event import EventOverlap, current_raw_stream
 from .context import OpContext, require_alive
 
 
+def unwind(context: OpContext, streams: Optional["OpStreams"], caller: int) -> None:
+    """After an op failed part way: the streams as they were before it.
+    ``streams`` is the op's OpStreams, or None for a plain op (no
+    previous_event, async_finish or allocate_on_comm_stream): such an op
+    makes no OpStreams, a few microseconds of Python objects and calls; its
+    native calls join the caller's stream ``caller`` both ways."""
+    if streams is not None:
+        streams.unwind()
+    else:
+        context.native.join(caller, context.comm_raw)
+
+
 class OpStreams:
     """The streams of one op: a context manager around its allocations and
     native calls, then ``finish`` for its EventOverlap.
@@ -55,12 +67,15 @@ class OpStreams:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            return
+        if exc_type is not None:
+            self.unwind()
+
+    def unwind(self) -> None:
+        """After an error inside the block: the streams as they were before the op."""
         if self._compute is not None:
             torch.cuda.set_stream(self._compute)
         # The caller's stream may not have been joined back by the op's last call.
-        self._context.native.join(waiter=self._compute_raw, waited=self._context.comm_raw)
+        self._context.native.join(self._compute_raw, self._context.comm_raw)
 
     def finish(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
         """The op's EventOverlap, after its launches; ``tensors``: its inputs and outputs."""
