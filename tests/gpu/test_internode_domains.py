@@ -8,8 +8,8 @@ the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs); with 8 ranks,
 share a GPU run under an MPS daemon of the job's own, their shares summing to
 100. TURNOUT_DOMAIN_JOBS="4:2 8:4" keeps only the jobs of those ranks:domain
 size; TURNOUT_DOMAIN_TESTS="shrink_masked" only those of TESTS
-(shrink_stops_at_dispatch and shrink_stops_before_combine run only where no
-shrink check ran before them: name each alone)."""
+(a shrink check runs only where no shrink check ran before it: name each
+alone)."""
 import os
 import subprocess
 import sys
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from test_nvshmem_window import find_library, smoke_env
 
-# The shrink checks are skipped unless TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (then shrink_refused is); last,
-# as they leave NVSHMEM initialized in the job's processes (so the stopped-rank checks skip after any other).
+# The shrink checks last, as they leave NVSHMEM initialized in the job's
+# processes (so a shrink check skips after any other).
 TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "worst_tokens_in_graph",
          "megatron_and_torchtitan", "bad_input", "absent_rank", "shrink_masked", "shrink_stops_at_dispatch",
          "shrink_stops_before_combine")

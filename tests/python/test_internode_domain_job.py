@@ -1,9 +1,8 @@
 """The internode domain job's list of checks (tests/gpu/internode_domains_job.py)
 on the CPU: the runner and the job name the same checks, the three shrink checks
-last (each leaves NVSHMEM initialized in its processes), and
-shrink_stops_at_dispatch and shrink_stops_before_combine run only with the
-opt-in, in a job where no shrink check ran before, stopping a rank that
-forwards for others."""
+last (each leaves NVSHMEM initialized in its processes); a shrink check skips
+where another one ran before it in its job, and needs no opt-in; the stopped
+rank forwards for others."""
 import pytest
 from gpu_modules import load_gpu_module
 
@@ -28,20 +27,25 @@ SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_befo
 def test_the_runner_and_the_job_name_the_same_checks_the_shrink_ones_last():
     assert set(job.TESTS) == set(runner.TESTS) and len(job.TESTS) == len(runner.TESTS)
     assert tuple(job.TESTS)[-3:] == runner.TESTS[-3:] == SHRINK_CHECKS
+    assert job.SHRINK_CHECKS == SHRINK_CHECKS
 
 
-@pytest.mark.parametrize("name", ["shrink_stops_at_dispatch", "shrink_stops_before_combine"])
-@pytest.mark.parametrize("before", ["shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine"])
-def test_a_stopped_rank_check_needs_the_opt_in_and_a_job_without_another_shrink_check(monkeypatch, name, before):
-    check = job.TESTS[name]
+@pytest.mark.parametrize("name", SHRINK_CHECKS)
+@pytest.mark.parametrize("before", SHRINK_CHECKS)
+def test_a_shrink_check_skips_where_another_one_ran_in_its_job(monkeypatch, name, before):
     monkeypatch.setenv("TURNOUT_NVL_DOMAIN_SIZE", "2")
-    monkeypatch.delenv(job.SHRINK_OPT_IN, raising=False)
-    with pytest.raises(Skip, match=job.SHRINK_OPT_IN):
-        check(Ctx())
-    monkeypatch.setenv(job.SHRINK_OPT_IN, "1")
+    monkeypatch.delenv("TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK", raising=False)
     monkeypatch.setattr(job, "_nvshmem_left", [before])
     with pytest.raises(Skip, match=f"{before} left NVSHMEM initialized.*TURNOUT_DOMAIN_TESTS={name}"):
-        check(Ctx())
+        job.TESTS[name](Ctx())
+
+
+def test_the_first_shrink_check_of_a_job_records_itself(monkeypatch):
+    monkeypatch.setattr(job, "_nvshmem_left", [])
+    job.leave_nvshmem_initialized(Ctx(), "shrink_stops_at_dispatch")
+    assert job._nvshmem_left == ["shrink_stops_at_dispatch"]
+    with pytest.raises(Skip, match="shrink_stops_at_dispatch left NVSHMEM"):
+        job.leave_nvshmem_initialized(Ctx(), "shrink_masked")
 
 
 @pytest.mark.parametrize("before_combine", [False, True])
