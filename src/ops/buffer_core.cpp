@@ -47,12 +47,6 @@ struct RankInfo {
 
 namespace {
 
-// TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1: shrink mode across NVL domains.
-bool experimental_internode_shrink() {
-  const char* env = std::getenv("TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK");
-  return env != nullptr && std::string(env) == "1";
-}
-
 double seconds_from_env(const char* name, double fallback) {
   const char* env = std::getenv(name);
   if (!env || !*env) return fallback;
@@ -151,16 +145,6 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
                        " NVL domains and ranks per domain together (a warp each in one block); this group has " +
                        std::to_string(topology_.num_rdma_ranks()) + " domains of " +
                        std::to_string(topology_.num_nvl_ranks));
-  // Shrink mode across domains covers ranks masked before a call and ranks
-  // that stop calling at a dispatch or before its combine, not a rank lost
-  // inside a dispatch's data step (docs/INTERNODE.md "Shrink across
-  // domains"), so only behind an explicit opt-in.
-  if (internode && options.enable_shrink && !experimental_internode_shrink())
-    throw NotSupported(
-        "Buffer: enable_shrink=True with num_rdma_bytes > 0 across NVL domains (internode mode) is not "
-        "available in this version of turnout (an experimental first version, for ranks masked before a "
-        "call and ranks that stop calling at a dispatch or before its combine: set "
-        "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 on every rank to try it)");
   // The SMs of a GPU are shared by every rank on it, whatever its declared
   // domain.
   std::vector<RankGpu> host;
@@ -339,7 +323,7 @@ void BufferCore::destroy() {
 bool BufferCore::must_leave_nvshmem_alone(cudaError_t device_status) {
   if (device_status != cudaSuccess || errors_.timed_out()) return true;
   if (low_latency_nvshmem_ == nullptr) {
-    // Internode mode (experimental shrink across domains) has no group
+    // Internode mode (shrink across domains) has no group
     // barrier to vote with: the verdict is this rank's own mask, which the
     // callers keep alike on every rank (a rank masked before the calls masks
     // itself too; the survivors' dispatch masks a rank that stopped calling,

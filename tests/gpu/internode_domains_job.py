@@ -258,21 +258,62 @@ def megatron_and_torchtitan(ctx) -> None:
         check_rows(cached[0], None, None, cached_refs[me], no_topk, f"{what} cached dispatch")
 
 
-SHRINK_OPT_IN = "TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK"
-
-
 def shrink_refused(ctx) -> None:
-    """Shrink mode across domains is refused by name on every rank, before
-    NVSHMEM starts, unless TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 opts in."""
+    """Shrink mode across domains needs no opt-in; what it still refuses, it
+    refuses by name on every rank before any launch: a fresh dispatch with
+    num_worst_tokens (the handle's shapes come from the counts, which the
+    host would have to wait for), and a config whose network ring holds less
+    than a slot per column a rank may forward for (not at one rank a domain,
+    where that is the all-live bound). The buffer's next dispatch matches
+    the reference; nothing is masked, so its destroy finalizes NVSHMEM and
+    the checks after it open it again."""
+    import torch
+
     import turnout
     from harness import assert_raises
+    from internode_cases import CONFIG, check_dispatch, dispatch, reference_dispatch
+    from intranode_cases import Case, inputs_of
 
-    if os.environ.get(SHRINK_OPT_IN) == "1":
-        ctx.skip(f"{SHRINK_OPT_IN}=1 opts in to shrink mode across domains (shrink_masked runs it)")
-    n = ctx.world_size
-    assert_raises(NotImplementedError, lambda: turnout.Buffer(ctx.groups[n], 1 << 20, 1 << 20, enable_shrink=True,
-                                                              explicitly_destroy=True),
-                  "enable_shrink", "internode")
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    case = Case("uniform", 64, 512, 4, 32)
+    inputs = [inputs_of(case, n, r) for r in range(n)]
+    with internode_buffer(ctx, 512, enable_shrink=True) as buf:
+        worst = case.tokens * n
+        assert_raises(NotImplementedError, lambda: dispatch(buf, case, inputs[me], dev, num_worst_tokens=worst),
+                      "num_worst_tokens", "enable_shrink=True")
+        if d > 1:
+            k = buf._native.internode_channels_per_block
+            # One slot short of a slot per part, yet within the all-live bounds.
+            slots = k * d - 1
+            small = turnout.Config(**{**CONFIG, "num_max_rdma_chunked_send_tokens": min(slots, 16),
+                                      "num_max_rdma_chunked_recv_tokens": slots})
+            assert_raises(ValueError, lambda: dispatch(buf, case, inputs[me], dev, config=small),
+                          "num_max_rdma_chunked_recv_tokens", "shrink mode")
+        # Started together: a shrink-mode dispatch drops a rank a shrink timeout late.
+        ctx.all_gather(None)
+        out = dispatch(buf, case, inputs[me], dev)
+        torch.cuda.synchronize()
+        refs = reference_dispatch(case, n, d, inputs, out[4][1].shape[1], live=[True] * n)
+        check_dispatch(out, refs[me], case, f"{n} ranks as {n // d} domains of {d}: shrink mode, after the refusals",
+                       shrink=True)
+
+
+# The checks that leave NVSHMEM initialized in their processes (a rank is
+# masked, so no destroy finalizes it): each must run last in a job of its own.
+SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
+
+# Holds the shrink check that left NVSHMEM initialized in this process: no
+# later Buffer of the job may open it again.
+_nvshmem_left = []
+
+
+def leave_nvshmem_initialized(ctx, name: str) -> None:
+    """Skips `name` where an earlier shrink check of this job left NVSHMEM
+    initialized; else records that `name` will."""
+    if _nvshmem_left:
+        ctx.skip(f"{_nvshmem_left[0]} left NVSHMEM initialized in this job; run it alone: "
+                 f"TURNOUT_DOMAIN_TESTS={name}")
+    _nvshmem_left.append(name)
 
 
 def shrink_masked_set(n: int, d: int):
@@ -294,10 +335,10 @@ def shrink_masked(ctx) -> None:
     that every rank's destroy leaves NVSHMEM alike): the masked ranks make no
     call; each survivor's dispatch (rows and handle, [10] the live set), a
     cached dispatch of the same rows, and combine against the reference with
-    live=, whose substitute forwarders the kernels must match. Only with
-    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1 (an experimental first version); ranks
-    lost inside a call are not covered. NVSHMEM stays initialized after it
-    (a peer was masked), so it runs last in its job, one masked set a job."""
+    live=, whose substitute forwarders the kernels must match. NVSHMEM stays
+    initialized after it (a peer was masked), so it runs last in its job,
+    one masked set a job."""
+    leave_nvshmem_initialized(ctx, "shrink_masked")
     import torch
 
     from harness import assert_equal
@@ -313,15 +354,12 @@ def shrink_masked(ctx) -> None:
     )
     from intranode_cases import Case, inputs_of, x_on_device
 
-    if os.environ.get(SHRINK_OPT_IN) != "1":
-        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
     n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
     masked, role = shrink_masked_set(n, d)
     live = [r not in masked for r in range(n)]
     cases = (Case("uniform", 128, 512, 8, 64, biases=1), Case("holes", 96, 512, 6, 32),
              Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4))
     nvl, rdma = buffer_bytes(1024, n, d)
-    _nvshmem_left.append("shrink_masked")
     with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True) as buf:
         for r in sorted(masked):
             buf.low_latency_update_mask_buffer(r, mask=True)
@@ -376,10 +414,6 @@ def mask_of(buf, n: int, device) -> set:
     return set(status.cpu().nonzero().flatten().tolist())
 
 
-# Set once a shrink check has left NVSHMEM initialized in this process: no
-# later Buffer of the job may open it again.
-_nvshmem_left = []
-
 # shrink_stops_at_dispatch's shrink timeout: survivors start each dispatch
 # together (a gloo all_gather first), so a rank is late only if it stopped.
 STOP_SHRINK_S = 2.0
@@ -396,15 +430,10 @@ def shrink_stops_at_dispatch(ctx) -> None:
     [10], per-expert counts), and masks it; a cached dispatch and a combine
     of that handle match too; the next dispatch (FP8) does not wait. The
     stopped rank joins the host-side meetings only, then masks itself so that
-    every rank's destroy leaves NVSHMEM alike. Only with
-    TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1, last in its job, and not in a job
-    where shrink_masked ran (both leave NVSHMEM initialized): run it alone
-    with TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch."""
-    if os.environ.get(SHRINK_OPT_IN) != "1":
-        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
-    if _nvshmem_left:
-        ctx.skip(f"{_nvshmem_left[0]} left NVSHMEM initialized in this job; run it alone: "
-                 "TURNOUT_DOMAIN_TESTS=shrink_stops_at_dispatch")
+    every rank's destroy leaves NVSHMEM alike. Last in its job, and not in a
+    job where another shrink check ran (each leaves NVSHMEM initialized): the
+    runner gives it a job of its own."""
+    leave_nvshmem_initialized(ctx, "shrink_stops_at_dispatch")
     import torch
 
     from harness import assert_equal
@@ -425,7 +454,6 @@ def shrink_stops_at_dispatch(ctx) -> None:
     live = [r != stopped for r in range(n)]
     cases = (Case("uniform", 128, 512, 8, 64, biases=1), Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4))
     nvl, rdma = buffer_bytes(1024, n, d)
-    _nvshmem_left.append("shrink_stops_at_dispatch")
     with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True, shrink_timeout_s=STOP_SHRINK_S) as buf:
         for i, case in enumerate(cases):
             what = f"{n} ranks as {n // d} domains of {d}, rank {stopped} stopped ({role}), {case}"
@@ -476,15 +504,10 @@ def shrink_stops_before_combine(ctx) -> None:
     gives the same bits; the next dispatch (FP8) and its combine do not wait
     and match the reference without the rank. The stopped rank joins the
     host-side meetings only, then masks itself so that every rank's destroy
-    leaves NVSHMEM alike. Only with TURNOUT_EXPERIMENTAL_INTERNODE_SHRINK=1,
-    last in its job, and not in a job where another shrink check ran (they
-    leave NVSHMEM initialized): run it alone with
-    TURNOUT_DOMAIN_TESTS=shrink_stops_before_combine."""
-    if os.environ.get(SHRINK_OPT_IN) != "1":
-        ctx.skip(f"shrink mode across domains runs only with {SHRINK_OPT_IN}=1")
-    if _nvshmem_left:
-        ctx.skip(f"{_nvshmem_left[0]} left NVSHMEM initialized in this job; run it alone: "
-                 "TURNOUT_DOMAIN_TESTS=shrink_stops_before_combine")
+    leaves NVSHMEM alike. Last in its job, and not in a job where another
+    shrink check ran (each leaves NVSHMEM initialized): the runner gives it a
+    job of its own."""
+    leave_nvshmem_initialized(ctx, "shrink_stops_before_combine")
     import torch
 
     from harness import assert_equal
@@ -505,7 +528,6 @@ def shrink_stops_before_combine(ctx) -> None:
     first = Case("uniform", 128, 512, 8, 64, biases=1)
     second = Case("uniform", 64, 512, 8, 64, fp8=True, alignment=4)
     nvl, rdma = buffer_bytes(1024, n, d)
-    _nvshmem_left.append("shrink_stops_before_combine")
     with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True, shrink_timeout_s=STOP_SHRINK_S) as buf:
         what = f"{n} ranks as {n // d} domains of {d}, rank {stopped} stopped before combine ({role})"
         inputs = [inputs_of(first, n, r) for r in range(n)]
@@ -558,8 +580,8 @@ TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_
          "cached_dispatch": cached_dispatch, "worst_tokens": worst_tokens,
          "worst_tokens_in_graph": worst_tokens_in_graph, "bad_input": bad_input,
          "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan,
-         # Last: they leave NVSHMEM initialized in their processes (so each
-         # skips where one before it ran).
+         # SHRINK_CHECKS, last: each leaves NVSHMEM initialized in its
+         # processes (so each skips where one before it ran).
          "shrink_masked": shrink_masked, "shrink_stops_at_dispatch": shrink_stops_at_dispatch,
          "shrink_stops_before_combine": shrink_stops_before_combine}
 
