@@ -61,8 +61,6 @@ constexpr int kUnitsPerPass = 4;
 constexpr int kCopyWords = 8;
 // Receive: 32-slot steps of a header scan whose loads go out together.
 constexpr int kScanSteps = 4;
-// Receive: the most warps one row's copy is split over (few rows, many warps).
-constexpr int kMaxRowPieces = 4;
 
 static_assert(sizeof(MessageHeader) % 16 == 0);
 static_assert(offsetof(FixedArea, counts) % 16 == 0 && kMaxLocalExperts % 4 == 0, "counts are zeroed in 16-byte words");
@@ -590,16 +588,9 @@ __device__ __forceinline__ void copy_row(void* dst, const void* src, int n16, in
   }
 }
 
-// A part of a row a warp copies: piece `index` of `count` equal shares of its
-// words. Piece 0 also writes the row's scales and plan entries.
-struct RowPiece {
-  int index;
-  int count;
-};
-
 // Row `row` of local expert l is token t of source s, entry j of its header.
 __device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, const char* local, int parity, int l,
-                                          int s, int t, int j, int row, RowPiece piece, int lane) {
+                                          int s, int t, int j, int row, int lane) {
   const LowLatencyDispatchArgs& a = p.args;
   const int H = a.hidden, M = a.num_max_tokens;
   const int64_t rows_per_expert = static_cast<int64_t>(M) * p.group.num_ranks;
@@ -608,21 +599,16 @@ __device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, con
   const char* payload = slot + sizeof(MessageHeader);
   const int num_groups = H / kScaleGroup, scale_words = (num_groups + 3) / 4;
   // The small loads first, so they overlap the row's.
-  const bool first = piece.index == 0;
   uint16_t slots = 0;
   float weight = 0.0f;
-  if (first && lane == 0) {
+  if (lane == 0) {
     slots = __ldcg(reinterpret_cast<const unsigned short*>(slot + offsetof(MessageHeader, slots)) + j);
     weight = __ldcg(reinterpret_cast<const float*>(slot + offsetof(MessageHeader, weight)) + j);
   }
-  const bool has_scales = first && a.use_fp8 && lane < scale_words;
   int4 scales = make_int4(0, 0, 0, 0);
-  if (has_scales) scales = device::load_shared_16(payload + H + 16 * lane);
+  if (a.use_fp8 && lane < scale_words) scales = device::load_shared_16(payload + H + 16 * lane);
   const int64_t row_bytes = a.use_fp8 ? H : 2 * static_cast<int64_t>(H);
-  const int n16 = static_cast<int>(row_bytes / 16);
-  const int w0 = piece.index * n16 / piece.count, w1 = (piece.index + 1) * n16 / piece.count;
-  copy_row(static_cast<char*>(a.recv_x) + out * row_bytes + 16 * w0, payload + 16 * w0, w1 - w0, lane);
-  if (!first) return;
+  copy_row(static_cast<char*>(a.recv_x) + out * row_bytes, payload, static_cast<int>(row_bytes / 16), lane);
   if (lane == 0) {
     char* plan = static_cast<char*>(a.plan);
     a.src_info[out] = t;
@@ -631,7 +617,7 @@ __device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, con
     reinterpret_cast<uint16_t*>(plan + p.plan.token_slots)[entry] = slots;
     reinterpret_cast<float*>(plan + p.plan.token_weights)[entry] = weight;
   }
-  if (has_scales) {
+  if (a.use_fp8 && lane < scale_words) {
     const float v[4] = {__int_as_float(scales.x), __int_as_float(scales.y), __int_as_float(scales.z),
                         __int_as_float(scales.w)};
     if (a.use_ue8m0) {
@@ -655,7 +641,7 @@ __device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, con
 // (to - 1)-th messages of s naming l, in token order.
 __device__ __forceinline__ void place_pair_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
                                                 int parity, const int32_t* first_row, const int32_t* source_tokens,
-                                                int i, int from, int to, RowPiece piece, int lane) {
+                                                int i, int from, int to, int lane) {
   const int R = p.group.num_ranks;
   const int l = i / R, s = i % R;
   const int begin = first_row[i] - first_row[l * R];
@@ -672,7 +658,7 @@ __device__ __forceinline__ void place_pair_rows(const LowLatencyDispatchParams& 
       for (int q = seen; hits != 0 && q < to; ++q, hits &= hits - 1) {
         if (q < from) continue;
         const int k = __ffs(hits) - 1;
-        place_row(p, local, parity, l, s, base + 32 * u + k, __shfl_sync(~0u, entry, k), begin + q, piece, lane);
+        place_row(p, local, parity, l, s, base + 32 * u + k, __shfl_sync(~0u, entry, k), begin + q, lane);
       }
       seen += n;
     }
@@ -680,25 +666,16 @@ __device__ __forceinline__ void place_pair_rows(const LowLatencyDispatchParams& 
 }
 
 // The rows of this warp: an even share of the flat numbering, warps taken
-// block by block in turn so that a few rows still spread over the SMs. With
-// at least twice as many warps as rows, rows are split into pieces, a warp a
-// piece: a row's copy is a chain of load and store round trips, and a piece
-// takes fewer of them.
+// block by block in turn so that a few rows still spread over the SMs.
 __device__ __forceinline__ void place_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
                                            int parity, const int32_t* first_row, const int32_t* source_tokens) {
   const int E = p.args.num_experts, lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
   const int64_t total = first_row[E];
-  RowPiece piece{0, 1};
-  while (piece.count < kMaxRowPieces && 2 * piece.count * total <= warps) piece.count *= 2;
-  // With pieces, units <= warps: a warp has one unit at most.
-  const int64_t units = piece.count * total;
-  const int64_t unit = g * units / warps, unit_end = (g + 1) * units / warps;
-  if (unit >= unit_end) return;
-  int row = static_cast<int>(unit / piece.count);
-  const int end = piece.count == 1 ? static_cast<int>(unit_end) : row + 1;
-  piece.index = static_cast<int>(unit % piece.count);
+  int row = static_cast<int>(g * total / warps);
+  const int end = static_cast<int>((g + 1) * total / warps);
+  if (row >= end) return;
   // The pair holding `row`: the last i with first_row[i] <= row (first_row[E] > row).
   int lo = 0, hi = E;
   while (hi - lo > 1) {
@@ -711,8 +688,7 @@ __device__ __forceinline__ void place_rows(const LowLatencyDispatchParams& p, co
   for (int i = lo; row < end; ++i) {
     const int stop = min(end, first_row[i + 1]);
     if (row >= stop) continue;
-    place_pair_rows(p, local, seq, parity, first_row, source_tokens, i, row - first_row[i], stop - first_row[i], piece,
-                    lane);
+    place_pair_rows(p, local, seq, parity, first_row, source_tokens, i, row - first_row[i], stop - first_row[i], lane);
     row = stop;
   }
 }
