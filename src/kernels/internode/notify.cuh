@@ -422,16 +422,16 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
       ints(p.peers.buffers[j], p.nvl.source(s * D + col))[k] = v;
     }
     // Handle [3] and [4]: a row per (source domain, part).
-    for (int i = tid; i < N * P * C; i += threads) {
-      const int s = i / (P * C), q = i / C % P;
-      h.recv_rdma_channel_prefix_matrix[i] = plan.is_live(s, plan.served_column(d, n, q))
-                                                 ? ints(local, p.net.message(s, q))[m.domain_channels + i % C]
-                                                 : 0;
-    }
+    const auto part_prefix = [&](int row, int c) {
+      const int s = row / P, q = row % P;
+      return plan.is_live(s, plan.served_column(d, n, q)) ? ints(local, p.net.message(s, q))[m.domain_channels + c] : 0;
+    };
+    for (int i = tid; i < N * P * C; i += threads) h.recv_rdma_channel_prefix_matrix[i] = part_prefix(i / C, i % C);
     if (tid == 0) {
+      // From the messages, not from [3]: other threads' writes of [3] are not yet visible here.
       int sum = 0;
       for (int i = 0; i < N * P; ++i) {
-        sum += h.recv_rdma_channel_prefix_matrix[i * C + C - 1];
+        sum += part_prefix(i, C - 1);
         h.recv_rdma_rank_prefix_sum[i] = sum;
       }
     }
