@@ -426,12 +426,16 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
       const int s = row / P, q = row % P;
       return plan.is_live(s, plan.served_column(d, n, q)) ? ints(local, p.net.message(s, q))[m.domain_channels + c] : 0;
     };
-    for (int i = tid; i < N * P * C; i += threads) h.recv_rdma_channel_prefix_matrix[i] = part_prefix(i / C, i % C);
+    // With num_worst_tokens the host, which does not wait for P, kept a row
+    // per part a rank may have: those past N x P become parts with no tokens.
+    const int rows = a.num_worst_tokens > 0 ? N * p.net.shape.max_parts : N * P;
+    for (int i = tid; i < rows * C; i += threads)
+      h.recv_rdma_channel_prefix_matrix[i] = i < N * P * C ? part_prefix(i / C, i % C) : 0;
     if (tid == 0) {
       // From the messages, not from [3]: other threads' writes of [3] are not yet visible here.
       int sum = 0;
-      for (int i = 0; i < N * P; ++i) {
-        sum += part_prefix(i, C - 1);
+      for (int i = 0; i < rows; ++i) {
+        sum += i < N * P ? part_prefix(i, C - 1) : 0;
         h.recv_rdma_rank_prefix_sum[i] = sum;
       }
     }
