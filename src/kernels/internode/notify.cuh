@@ -524,6 +524,18 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
     device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank, me, 0, a.num_worst_tokens,
                          num_recv);
   }
+  // Handle [9] has D x num_worst_tokens rows, enough while no local rank
+  // receives more than num_worst_tokens; one that does fails alone, and this
+  // rank's forwarders would write [9] past its rows before their waits on it
+  // time out. So a forwarder past the bound fails here instead (where 1).
+  if (tid == 0 && a.num_worst_tokens > 0) {
+    const int forwarded = h.recv_rdma_rank_prefix_sum[N * P - 1];
+    const int64_t bound = static_cast<int64_t>(D) * a.num_worst_tokens;
+    if (forwarded > bound) {
+      s_failed = 1;
+      device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank, me, 1, bound, forwarded);
+    }
+  }
   __syncthreads();
   if (tid == 0) *ints(self, p.nvl.status) = s_failed;
   if (p.mailbox == nullptr) return;
