@@ -55,6 +55,9 @@ class InternodeHandle(tuple):
       ``[N x D]``, a row per part a rank may have: the first N x P rows as above, the rest parts
       with no tokens (``[3]`` zeros, ``[4]`` the number of tokens this rank forwards).
 
+    With eleven entries, indices from the end move by one: ``handle[-4]`` is then ``[7]``, so
+    code that reads ``[6]`` as ``handle[-4]`` must read ``handle[6]`` in shrink mode.
+
     A plain tuple or list of these entries is accepted too.
     """
 
