@@ -41,7 +41,10 @@ struct InternodeHandle {
   // dispatch's counts step writes it from the mask buffer; a cached dispatch
   // and a combine read it, so that they use the dispatch's forwarders. With
   // it, [3] is [N x P, C] and [4] [N x P], a row per (source domain, part),
-  // P the columns this rank forwards (1 with every rank live).
+  // P the columns this rank forwards (1 with every rank live). A fresh
+  // dispatch writes N x P rows, so give it room for N x D; with
+  // num_worst_tokens it writes all N x D: the rows past N x P are parts with
+  // no tokens ([3] zeros, [4] its last sum), P never reaching the host.
   uint32_t* live = nullptr;
   int num_tokens = 0;    // T
   int num_channels = 0;  // C

@@ -63,6 +63,13 @@ InvalidArgument input_error(const char* op, const DeviceErrorRecord& rec) {
   const std::string prefix = std::string(op) + ": " + origin(rec) + ": ";
   switch (static_cast<DeviceErrorCode>(rec.code)) {
     case DeviceErrorCode::kWorstTokensExceeded:
+      if (rec.where == 1)
+        return InvalidArgument(prefix + "num_worst_tokens must be >= the number of tokens a rank receives: rank " +
+                               std::to_string(rec.peer) + " forwards " + std::to_string(rec.value) +
+                               " tokens into its NVL domain, more than the " + std::to_string(rec.detail) +
+                               " (NVL ranks x num_worst_tokens) that its handle[9] holds, so a rank of its domain "
+                               "receives more than num_worst_tokens; nothing was dispatched (its outputs hold only "
+                               "padding rows)");
       return InvalidArgument(prefix + "num_worst_tokens must be >= the number of tokens a rank receives: rank " +
                              std::to_string(rec.peer) + " passed num_worst_tokens=" + std::to_string(rec.detail) +
                              " but receives " + std::to_string(rec.value) +

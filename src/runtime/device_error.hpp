@@ -61,9 +61,10 @@ struct DeviceErrorRecord {
   int32_t code;
   int32_t rank;    // rank that recorded the error
   int32_t peer;    // timeout: the peer rank waited for; invalid expert: the slot; peer error: the peer
-  int32_t where;   // timeout: WaitSite; peer error: the OpKind on the peer that found its bad input
+  int32_t where;   // timeout: WaitSite; peer error: the OpKind on the peer that found its bad input;
+                   // worst tokens: 1 where an internode forwarder's count broke D x the bound
   int64_t detail;  // timeout: elapsed ns; invalid expert: the token; worst tokens: the bound
-  int64_t value;   // invalid expert: the offending id; worst tokens: the receive count
+  int64_t value;   // invalid expert: the offending id; worst tokens: the receive (or forward) count
   int64_t call;    // the Buffer call (1, 2, ... per Buffer) whose kernel recorded it
   int32_t op;      // that call's OpKind
   // Input errors: every NVL peer skipped a dispatch for it (the error of a

@@ -78,10 +78,27 @@ def check_rows(recv_x, recv_topk_idx, recv_topk_weights, ref, case: Case, what: 
             assert bool((recv_topk_idx[n_ref:] == -1).all()), f"{what}: padding rows must have top-k -1"
 
 
+def worst_part_rows(ref):
+    """Handle [3] and [4] of a shrink-mode dispatch with num_worst_tokens: a
+    row per part a rank may have (N x D; the host never learns the parts P
+    it serves), the reference's N x P rows first, then parts with no tokens:
+    [3] zeros, [4] the forwarded tokens' count."""
+    num_domains, channels = ref.rdma_channel_prefix_matrix.shape
+    rows = num_domains * ref.num_nvl_ranks
+    prefix = np.zeros((rows, channels), dtype=np.int32)
+    sums = np.full(rows, ref.num_forward, dtype=np.int32)
+    served = num_domains * ref.num_parts
+    prefix[:served] = ref.recv_rdma_channel_prefix_matrix
+    sums[:served] = ref.recv_rdma_rank_prefix_sum
+    return prefix, sums
+
+
 def check_dispatch(out, ref, case: Case, what: str, worst: int = 0, shrink: bool = False) -> None:
     """Rows and the handle's entries 0-8 bitwise, entry 9's -1 marks (its
     places are in forward order, as the reference's). shrink: the handle has
-    an eleventh entry, the live set, checked against the reference's."""
+    an eleventh entry, the live set, checked against the reference's; with
+    worst too, [3] and [4] have a row per part a rank may have
+    (worst_part_rows)."""
     recv_x, recv_topk_idx, recv_topk_weights, per_expert, handle, _ = out
     check_rows(recv_x, recv_topk_idx, recv_topk_weights, ref, case, what, worst)
     if worst:
@@ -101,10 +118,13 @@ def check_dispatch(out, ref, case: Case, what: str, worst: int = 0, shrink: bool
         # handle[0] is the user's is_token_in_rank; in shrink mode the kernels
         # clear masked columns as they read it, so it may differ from the reduced one.
         assert_equal(handle[0], ref.is_token_in_rank.astype(bool), f"{what}: handle[0]")
-    for i, name in enumerate(("rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
-                              "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum",
-                              "recv_gbl_channel_prefix_matrix", "recv_gbl_rank_prefix_sum"), start=1):
-        assert_equal(handle[i], getattr(ref, name), f"{what}: handle[{i}] ({name})")
+    names = ("rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix", "recv_rdma_channel_prefix_matrix",
+             "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix", "recv_gbl_rank_prefix_sum")
+    want = {i: getattr(ref, name) for i, name in enumerate(names, start=1)}
+    if shrink and worst:
+        want[3], want[4] = worst_part_rows(ref)
+    for i, name in enumerate(names, start=1):
+        assert_equal(handle[i], want[i], f"{what}: handle[{i}] ({name})")
     n_ref = ref.num_recv
     assert_equal(handle[7][:n_ref, 0], ref.recv_src_idx, f"{what}: handle[7] source tokens")
     assert_equal(handle[7][:n_ref, 1].view(torch.int32), ref.recv_nvl_mask.view(np.int32), f"{what}: handle[7] masks")

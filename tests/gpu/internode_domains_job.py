@@ -260,12 +260,12 @@ def megatron_and_torchtitan(ctx) -> None:
 
 def shrink_refused(ctx) -> None:
     """Shrink mode across domains needs no opt-in; what it still refuses, it
-    refuses by name on every rank before any launch: a fresh dispatch with
-    num_worst_tokens (the handle's shapes come from the counts, which the
-    host would have to wait for), and a config whose network ring holds less
-    than a slot per column a rank may forward for (not at one rank a domain,
-    where that is the all-live bound). The buffer's next dispatch matches
-    the reference; nothing is masked, so its destroy finalizes NVSHMEM and
+    refuses by name on every rank before any launch: a config whose network
+    ring holds less than a slot per column a rank may forward for (not at one
+    rank a domain, where that is the all-live bound). The buffer's next
+    dispatch matches the reference, and so does one with num_worst_tokens
+    (every rank live: one part each, the rest of [3] and [4]'s rows parts
+    with no tokens); nothing is masked, so its destroy finalizes NVSHMEM and
     the checks after it open it again."""
     import torch
 
@@ -278,9 +278,6 @@ def shrink_refused(ctx) -> None:
     case = Case("uniform", 64, 512, 4, 32)
     inputs = [inputs_of(case, n, r) for r in range(n)]
     with internode_buffer(ctx, 512, enable_shrink=True) as buf:
-        worst = case.tokens * n
-        assert_raises(NotImplementedError, lambda: dispatch(buf, case, inputs[me], dev, num_worst_tokens=worst),
-                      "num_worst_tokens", "enable_shrink=True")
         if d > 1:
             k = buf._native.internode_channels_per_block
             # One slot short of a slot per part, yet within the all-live bounds.
@@ -294,13 +291,18 @@ def shrink_refused(ctx) -> None:
         out = dispatch(buf, case, inputs[me], dev)
         torch.cuda.synchronize()
         refs = reference_dispatch(case, n, d, inputs, out[4][1].shape[1], live=[True] * n)
-        check_dispatch(out, refs[me], case, f"{n} ranks as {n // d} domains of {d}: shrink mode, after the refusals",
-                       shrink=True)
+        what = f"{n} ranks as {n // d} domains of {d}: shrink mode"
+        check_dispatch(out, refs[me], case, f"{what}, after the refusals", shrink=True)
+        worst = case.tokens * n
+        ctx.all_gather(None)
+        out = dispatch(buf, case, inputs[me], dev, num_worst_tokens=worst)
+        torch.cuda.synchronize()
+        check_dispatch(out, refs[me], case, f"{what}, num_worst_tokens {worst}", worst=worst, shrink=True)
 
 
 # The checks that leave NVSHMEM initialized in their processes (a rank is
 # masked, so no destroy finalizes it): each must run last in a job of its own.
-SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
+SHRINK_CHECKS = ("shrink_masked", "shrink_worst_tokens", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
 
 # Holds the shrink check that left NVSHMEM initialized in this process: no
 # later Buffer of the job may open it again.
@@ -385,6 +387,130 @@ def shrink_masked(ctx) -> None:
                 back = combine(buf, case, n, me, out, dev, refs[me].num_recv)
                 torch.cuda.synchronize()
                 check_combine(back, reference_combine(case, n, refs, me), case, f"{what}: combine")
+        # The masked ranks wait here while the survivors run.
+        ctx.all_gather(None)
+
+
+def shrink_worst_tokens(ctx) -> None:
+    """Shrink mode across domains with num_worst_tokens, shrink_masked's
+    ranks masked by the API before the calls (on every rank, the masked ones
+    too): each survivor's dispatch, eager and then captured in a CUDA graph
+    (with its combine and a cached dispatch of its handle) and replayed with
+    new routings, matches the reference with live= (rows past the received
+    ones are padding as in worst_tokens; [3] and [4] hold a row per part a
+    rank may have, those past the parts it serves with no tokens), and so do
+    its combine and the cached dispatch's rows. NVSHMEM stays initialized
+    after it (a peer was masked), so it runs last in its job."""
+    leave_nvshmem_initialized(ctx, "shrink_worst_tokens")
+    import torch
+
+    from harness import assert_equal
+    from internode_cases import (
+        buffer_bytes,
+        check_combine,
+        check_dispatch,
+        combine,
+        config,
+        dispatch,
+        reference_combine,
+        reference_dispatch,
+    )
+    from intranode_cases import Case, combine_inputs, inputs_of, x_on_device
+
+    n, d, me, dev = ctx.world_size, domain_size(), ctx.rank, ctx.device
+    masked, role = shrink_masked_set(n, d)
+    live = [r not in masked for r in range(n)]
+    survivor = me not in masked
+    eager = Case("uniform", 128, 512, 8, 64, biases=1)
+    worst = eager.tokens * n
+    what = f"{n} ranks as {n // d} domains of {d}, masked {sorted(masked)} ({role}), num_worst_tokens {worst}"
+
+    def check_cached(again, out, num_recv: int, label: str) -> None:
+        # A cached dispatch leaves the padding rows as they were: only the received ones compare.
+        assert again.shape[0] == worst, f"{label}: the cached dispatch has {again.shape[0]} rows, expected {worst}"
+        assert_equal(again[:num_recv].view(torch.uint8), out[0][:num_recv].view(torch.uint8),
+                     f"{label}: cached dispatch rows")
+
+    nvl, rdma = buffer_bytes(512, n, d)
+    with ctx.buffer(ctx.groups[n], nvl, rdma, enable_shrink=True) as buf:
+        for r in sorted(masked):
+            buf.low_latency_update_mask_buffer(r, mask=True)
+        torch.cuda.synchronize()
+        # Survivors start each call together (a fresh dispatch drops a rank a
+        # shrink timeout late); the masked ranks only join these meetings.
+        ctx.all_gather(None)
+        label = f"{what}, eager {eager}"
+        if survivor:
+            inputs = [inputs_of(eager, n, r) for r in range(n)]
+            out = dispatch(buf, eager, inputs[me], dev, num_worst_tokens=worst)
+            torch.cuda.synchronize()
+            refs = reference_dispatch(eager, n, d, inputs, out[4][1].shape[1], live=live)
+            check_dispatch(out, refs[me], eager, f"{label}: dispatch", worst=worst, shrink=True)
+        # A shrink-mode combine masks a peer a shrink timeout late: the
+        # survivors' host checks above may take unlike times.
+        ctx.all_gather(None)
+        if survivor:
+            back = combine(buf, eager, n, me, out, dev, refs[me].num_recv)
+            torch.cuda.synchronize()
+            check_combine(back, reference_combine(eager, n, refs, me), eager, f"{label}: combine")
+            again = buf.dispatch(x_on_device(inputs[me].x, dev), handle=out[4], config=config())
+            torch.cuda.synchronize()
+            check_cached(again[0], out, refs[me].num_recv, label)
+
+        graphed = Case("uniform", 128, 512, 4, 32, biases=1)
+        ctx.all_gather(None)
+        if survivor:
+            first = inputs_of(graphed, n, me)
+            x, topk_idx, weights = first.x.to(dev), first.topk_idx.to(dev), first.topk_weights.to(dev)
+            per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, graphed.experts)
+            comb_x = torch.zeros(worst, graphed.hidden, dtype=torch.bfloat16, device=dev)
+            bias = torch.zeros(graphed.tokens, graphed.hidden, dtype=torch.bfloat16, device=dev)
+
+            def step():
+                out = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                                   is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk_idx,
+                                   topk_weights=weights, num_worst_tokens=worst, config=config())
+                back = buf.combine(comb_x, out[4], topk_weights=out[2], bias=bias, config=config())
+                return out, back, buf.dispatch(x, handle=out[4], config=config())[0]
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, back, again = step()
+            channels = out[4][1].shape[1]
+        for it in range(3):
+            it_case = Case("uniform", 128, 512, 4, 32, biases=1, seed=2000 + it)
+            if survivor:
+                inputs = [inputs_of(it_case, n, r) for r in range(n)]
+                refs = reference_dispatch(it_case, n, d, inputs, channels, live=live)
+                mine = inputs[me]
+                x.copy_(mine.x)
+                topk_idx.copy_(mine.topk_idx)
+                weights.copy_(mine.topk_weights)
+                in_rank.copy_(torch.from_numpy(mine.is_token_in_rank.astype(bool)))
+                num_recv = refs[me].num_recv
+                cx, biases = combine_inputs(it_case, n, me, num_recv)
+                comb_x[:num_recv].copy_(cx)
+                bias.copy_(biases[0])
+                torch.cuda.synchronize()
+            # The host work above done, the survivors replay together.
+            ctx.all_gather(None)
+            if not survivor:
+                continue
+            graph.replay()
+            torch.cuda.synchronize()
+            buf.check_errors()
+            label = f"{what}, replay {it}"
+            check_dispatch(out, refs[me], it_case, f"{label}: dispatch", worst=worst, shrink=True)
+            check_combine(back, reference_combine(it_case, n, refs, me), it_case, f"{label}: combine")
+            check_cached(again, out, num_recv, label)
+        if survivor:
+            del graph
         # The masked ranks wait here while the survivors run.
         ctx.all_gather(None)
 
@@ -582,7 +708,8 @@ TESTS = {"shrink_refused": shrink_refused, "dispatch_and_combine": dispatch_and_
          "absent_rank": absent_rank, "megatron_and_torchtitan": megatron_and_torchtitan,
          # SHRINK_CHECKS, last: each leaves NVSHMEM initialized in its
          # processes (so each skips where one before it ran).
-         "shrink_masked": shrink_masked, "shrink_stops_at_dispatch": shrink_stops_at_dispatch,
+         "shrink_masked": shrink_masked, "shrink_worst_tokens": shrink_worst_tokens,
+         "shrink_stops_at_dispatch": shrink_stops_at_dispatch,
          "shrink_stops_before_combine": shrink_stops_before_combine}
 
 

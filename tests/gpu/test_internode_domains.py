@@ -17,11 +17,11 @@ from pathlib import Path
 from test_nvshmem_window import find_library, smoke_env
 
 TESTS = ("shrink_refused", "dispatch_and_combine", "cached_dispatch", "worst_tokens", "worst_tokens_in_graph",
-         "megatron_and_torchtitan", "bad_input", "absent_rank", "shrink_masked", "shrink_stops_at_dispatch",
-         "shrink_stops_before_combine")
+         "megatron_and_torchtitan", "bad_input", "absent_rank", "shrink_masked", "shrink_worst_tokens",
+         "shrink_stops_at_dispatch", "shrink_stops_before_combine")
 # Each leaves NVSHMEM initialized in its job's processes (a rank is masked),
 # so no later Buffer of that job can open it: one a job, last.
-SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
+SHRINK_CHECKS = ("shrink_masked", "shrink_worst_tokens", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
 
 
 def job_lists(tests):
@@ -83,5 +83,5 @@ def test_internode_across_domains(ctx):
             assert not missing, f"{what}: no PASS from {missing}\n{out.stdout}"
 
 
-# Up to 12 job processes (4 GPUs: four configurations of three each).
+# Up to 16 job processes (4 GPUs: four configurations of four each).
 test_internode_across_domains.timeout = 3600

@@ -231,9 +231,36 @@ def test_shrink_mode_handles_carry_the_live_set_and_a_row_per_part(monkeypatch):
     bad[4] = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match=re.escape("handle[4] (recv_rdma_rank_prefix_sum)")):
         check_handle(context, "combine", tuple(bad), 10)
-    # The host learns the parts only by waiting for the counts.
-    with pytest.raises(NotImplementedError, match="num_worst_tokens"):
-        run_dispatch(context, num_worst_tokens=32)
+
+
+def test_shrink_mode_with_num_worst_tokens_keeps_a_row_per_part_a_rank_may_have(monkeypatch):
+    patch_streams(monkeypatch)
+    # No host wait: the counts step answers the binding's defaults, one part.
+    native = InternodeNative(answer=(-1, -1, [], 1))
+    native.shrink_enabled = True
+    context = make_context(native=native)
+    recv_x, _, _, per_expert, handle, _ = run_dispatch(context, num_worst_tokens=32)
+    # 8 ranks as 2 domains of 4: [3] and [4] get 2 x 4 rows, the most parts a rank may serve.
+    assert recv_x.shape == (32, HIDDEN) and per_expert == []
+    assert [tuple(t.shape) for t in handle[1:]] == [(2, 10), (8, 10), (8, 10), (8,), (8, 10), (8,), (32, 2), (6, 2),
+                                                    (4 * 32, 4), (1,)]
+    (_, counts), (_, data) = context.native.calls[:2]
+    assert counts["num_worst_tokens"] == data["num_worst_tokens"] == 32
+    assert counts["handle"][3:5] == [handle[3].data_ptr(), handle[4].data_ptr()]
+    assert data["handle"] == [t.data_ptr() for t in handle]
+    assert (data["num_recv"], data["num_forward"]) == (32, 4 * 32)
+    # Its cached dispatch and its combine take the handle as it is.
+    parts = check_handle(context, "combine", handle, 10)
+    assert (parts.num_recv, parts.num_forward) == (32, 4 * 32)
+    recv_x, *_ = run_dispatch(context, handle=handle, topk_idx=None, topk_weights=None)
+    assert recv_x.shape == (32, HIDDEN)
+    cached_counts, cached_data = context.native.calls[-2][1], context.native.calls[-1][1]
+    assert cached_counts["cached"] and cached_counts["num_worst_tokens"] == cached_data["num_worst_tokens"] == 0
+    assert cached_data["handle"] == [t.data_ptr() for t in handle]
+    combined, _, _ = internode.combine(context, torch.zeros(32, HIDDEN, dtype=torch.bfloat16), handle, None, None,
+                                       Config(20, 8, 256, 16, 128), None, False, False)
+    assert combined.shape == (6, HIDDEN)
+    assert (context.native.calls[-1][1]["num_recv"], context.native.calls[-1][1]["num_forward"]) == (32, 4 * 32)
 
 
 def test_channels_follow_the_sm_budget(monkeypatch):

@@ -1,5 +1,5 @@
 """The internode domain job's list of checks (tests/gpu/internode_domains_job.py)
-on the CPU: the runner and the job name the same checks, the three shrink checks
+on the CPU: the runner and the job name the same checks, the four shrink checks
 last (each leaves NVSHMEM initialized in its processes); the runner splits a
 configuration's checks into job processes so that every shrink check runs, last
 and alone of its kind; a shrink check skips where another one ran before it in
@@ -24,12 +24,12 @@ class Ctx:
         raise Skip(reason)
 
 
-SHRINK_CHECKS = ("shrink_masked", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
+SHRINK_CHECKS = ("shrink_masked", "shrink_worst_tokens", "shrink_stops_at_dispatch", "shrink_stops_before_combine")
 
 
 def test_the_runner_and_the_job_name_the_same_checks_the_shrink_ones_last():
     assert set(job.TESTS) == set(runner.TESTS) and len(job.TESTS) == len(runner.TESTS)
-    assert tuple(job.TESTS)[-3:] == runner.TESTS[-3:] == SHRINK_CHECKS
+    assert tuple(job.TESTS)[-4:] == runner.TESTS[-4:] == SHRINK_CHECKS
     assert job.SHRINK_CHECKS == runner.SHRINK_CHECKS == SHRINK_CHECKS
 
 
@@ -37,13 +37,17 @@ def test_a_default_run_starts_a_job_per_shrink_check(monkeypatch):
     monkeypatch.delenv("TURNOUT_DOMAIN_TESTS", raising=False)
     others = [t for t in runner.TESTS if t not in SHRINK_CHECKS]
     assert runner.job_lists(runner.selected_tests()) == [
-        others + ["shrink_masked"], ["shrink_stops_at_dispatch"], ["shrink_stops_before_combine"]]
+        others + ["shrink_masked"], ["shrink_worst_tokens"], ["shrink_stops_at_dispatch"],
+        ["shrink_stops_before_combine"]]
 
 
 @pytest.mark.parametrize("named,lists", [
     ("shrink_stops_before_combine", [["shrink_stops_before_combine"]]),
     ("shrink_stops_at_dispatch shrink_masked", [["shrink_masked"], ["shrink_stops_at_dispatch"]]),
     ("shrink_stops_at_dispatch absent_rank", [["absent_rank", "shrink_stops_at_dispatch"]]),
+    ("shrink_worst_tokens", [["shrink_worst_tokens"]]),
+    ("shrink_worst_tokens worst_tokens_in_graph shrink_masked",
+     [["worst_tokens_in_graph", "shrink_masked"], ["shrink_worst_tokens"]]),
     ("shrink_refused bad_input", [["shrink_refused", "bad_input"]]),
 ])
 def test_turnout_domain_tests_picks_the_checks_and_their_jobs(monkeypatch, named, lists):

@@ -49,11 +49,6 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
     channels = num_channels(context, config)
     cached = handle is not None
     shrink = shrink_mode(context)
-    if shrink and num_worst_tokens and not cached:
-        # The handle's [3] and [4] take their shape from the parts this rank
-        # forwards for, which the host learns only by waiting for the counts.
-        raise NotImplementedError(f"{op}: num_worst_tokens with enable_shrink=True across NVL domains is not "
-                                  "available in this version of turnout")
     num_experts = num_topk = 0
     if cached:
         parts = check_handle(context, op, handle, channels)
@@ -105,7 +100,9 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
             # [1]-[6] in one allocation: the counts step writes them all. In
             # shrink mode [3] and [4] get a row per (source domain, part), as
             # many as a rank can have; the host learns its parts P with the
-            # receive sizes and keeps the first N x P rows.
+            # receive sizes and keeps the first N x P rows. With
+            # num_worst_tokens it learns nothing: it keeps every row, and the
+            # counts step makes those past N x P parts with no tokens.
             rows = num_domains * (num_nvl_ranks if shrink else 1)
             sizes = (num_domains * channels, num_ranks * channels, rows * channels, rows, num_ranks * channels,
                      num_ranks)
@@ -128,7 +125,7 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, num_tokens_per_
                 wait_for=streams.wait_for)
             if num_worst_tokens:
                 num_recv, num_forward, per_expert = num_worst_tokens, num_nvl_ranks * num_worst_tokens, []
-            if shrink:
+            if shrink and not num_worst_tokens:
                 entries[3] = entries[3][:num_domains * num_parts]
                 entries[4] = entries[4][:num_domains * num_parts]
             entries[7] = torch.empty(num_recv, 2, dtype=torch.int32, device=device)

@@ -50,7 +50,13 @@ class InternodeHandle(tuple):
     - ``[10]`` live ``[ceil(R / 32)]``: the dispatch's live set, bit r & 31 of word r >> 5 (the
       ranks not masked when it ran); its combine and cached dispatch use the same forwarders.
       ``[3]`` is then ``[N x P, C]`` and ``[4]`` ``[N x P]``, a row per (source domain, part), P the
-      columns this rank forwards for (1 with every rank live: the shapes above).
+      columns this rank forwards for (1 with every rank live: the shapes above). A dispatch with
+      ``num_worst_tokens`` (no host wait, so P unknown to the host) makes them ``[N x D, C]`` and
+      ``[N x D]``, a row per part a rank may have: the first N x P rows as above, the rest parts
+      with no tokens (``[3]`` zeros, ``[4]`` the number of tokens this rank forwards).
+
+    With eleven entries, indices from the end move by one: ``handle[-4]`` is then ``[7]``, so
+    code that reads ``[6]`` as ``handle[-4]`` must read ``handle[6]`` in shrink mode.
 
     A plain tuple or list of these entries is accepted too.
     """

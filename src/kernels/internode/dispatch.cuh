@@ -443,8 +443,12 @@ __device__ __forceinline__ void fill_padding_as(const DispatchParams& p, bool fa
   const InternodeHandle& h = a.handle;
   const int R = p.peers.num_ranks, D = p.peers.num_nvl_ranks, N = R / D, pair = blockIdx.x / 2;
   const int pairs = static_cast<int>(gridDim.x) / 2;
-  // [4] has a row per (source domain, part): N x P of them.
-  const int rows = kShrink ? N * Forwarders{h.live, N, D}.num_parts(p.peers.rank / D, p.peers.rank % D) : N;
+  // [4] has a row per (source domain, part): N x P of them, or with
+  // num_worst_tokens one per part a rank may have (the counts step's rows).
+  int rows = N;
+  if constexpr (kShrink)
+    rows = N * (a.num_worst_tokens > 0 ? p.net.shape.max_parts
+                                       : Forwarders{h.live, N, D}.num_parts(p.peers.rank / D, p.peers.rank % D));
   if (failed && pair == 0 && !a.cached)
     for (int e = threadIdx.x; e < rows; e += blockDim.x) h.recv_rdma_rank_prefix_sum[e] = -1;
   if (a.num_worst_tokens == 0) return;

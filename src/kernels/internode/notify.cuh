@@ -422,16 +422,20 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
       ints(p.peers.buffers[j], p.nvl.source(s * D + col))[k] = v;
     }
     // Handle [3] and [4]: a row per (source domain, part).
-    for (int i = tid; i < N * P * C; i += threads) {
-      const int s = i / (P * C), q = i / C % P;
-      h.recv_rdma_channel_prefix_matrix[i] = plan.is_live(s, plan.served_column(d, n, q))
-                                                 ? ints(local, p.net.message(s, q))[m.domain_channels + i % C]
-                                                 : 0;
-    }
+    const auto part_prefix = [&](int row, int c) {
+      const int s = row / P, q = row % P;
+      return plan.is_live(s, plan.served_column(d, n, q)) ? ints(local, p.net.message(s, q))[m.domain_channels + c] : 0;
+    };
+    // With num_worst_tokens the host, which does not wait for P, kept a row
+    // per part a rank may have: those past N x P become parts with no tokens.
+    const int rows = a.num_worst_tokens > 0 ? N * p.net.shape.max_parts : N * P;
+    for (int i = tid; i < rows * C; i += threads)
+      h.recv_rdma_channel_prefix_matrix[i] = i < N * P * C ? part_prefix(i / C, i % C) : 0;
     if (tid == 0) {
+      // From the messages, not from [3]: other threads' writes of [3] are not yet visible here.
       int sum = 0;
-      for (int i = 0; i < N * P; ++i) {
-        sum += h.recv_rdma_channel_prefix_matrix[i * C + C - 1];
+      for (int i = 0; i < rows; ++i) {
+        sum += i < N * P ? part_prefix(i, C - 1) : 0;
         h.recv_rdma_rank_prefix_sum[i] = sum;
       }
     }
@@ -519,6 +523,18 @@ __device__ void exchange(const NotifyParams& p, const T& net) {
     s_failed = 1;
     device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank, me, 0, a.num_worst_tokens,
                          num_recv);
+  }
+  // Handle [9] has D x num_worst_tokens rows, enough while no local rank
+  // receives more than num_worst_tokens; one that does fails alone, and this
+  // rank's forwarders would write [9] past its rows before their waits on it
+  // time out. So a forwarder past the bound fails here instead (where 1).
+  if (tid == 0 && a.num_worst_tokens > 0) {
+    const int forwarded = h.recv_rdma_rank_prefix_sum[N * P - 1];
+    const int64_t bound = static_cast<int64_t>(D) * a.num_worst_tokens;
+    if (forwarded > bound) {
+      s_failed = 1;
+      device::record_error(p.ctx.errors, DeviceErrorCode::kWorstTokensExceeded, p.ctx.rank, me, 1, bound, forwarded);
+    }
   }
   __syncthreads();
   if (tid == 0) *ints(self, p.nvl.status) = s_failed;
