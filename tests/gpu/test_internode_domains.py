@@ -2,7 +2,7 @@
 transport on this machine, which has no NIC), against the host reference, in
 jobs of their own (fresh processes: NVSHMEM is set up per process, with the
 domain size declared in the environment). Configurations by the run's rank
-count: 4 ranks as 2 domains of 2 and 4 of 1; 8 as 2 of 4 and 4 of 2; and where
+count: 2 ranks as 2 domains of 1; 4 as 2 domains of 2 and 4 of 1; 8 as 2 of 4 and 4 of 2; and where
 the run has a GPU per rank, twice its ranks (8 ranks on 4 GPUs); with 8 ranks,
 16 as 2 domains of 8. Ranks that
 share a GPU run under an MPS daemon of the job's own, their shares summing to
@@ -43,7 +43,7 @@ def selected_tests():
 
 def configurations(world_size: int, num_devices: int):
     """(ranks, domain size) of the jobs this run makes."""
-    by_ranks = {4: [(4, 2), (4, 1)], 8: [(8, 4), (8, 2)]}
+    by_ranks = {2: [(2, 1)], 4: [(4, 2), (4, 1)], 8: [(8, 4), (8, 2)]}
     jobs = list(by_ranks.get(world_size, []))
     if world_size == num_devices and 2 * world_size in by_ranks:
         jobs += by_ranks[2 * world_size]

@@ -92,7 +92,7 @@ def test_the_first_shrink_check_of_a_job_records_itself(monkeypatch):
 
 
 @pytest.mark.parametrize("before_combine", [False, True])
-@pytest.mark.parametrize("n,d", [(4, 2), (4, 1), (8, 4), (8, 2), (16, 8)])
+@pytest.mark.parametrize("n,d", [(2, 1), (4, 2), (4, 1), (8, 4), (8, 2), (16, 8)])
 def test_the_stopped_rank_forwards_for_the_other_domains(monkeypatch, n, d, before_combine):
     monkeypatch.delenv("TURNOUT_SHRINK_STOPPED", raising=False)
     stopped, role = job.shrink_stopped_rank(n, d, before_combine=before_combine)
@@ -104,3 +104,15 @@ def test_the_stopped_rank_forwards_for_the_other_domains(monkeypatch, n, d, befo
         assert stopped // d == 0 and stopped % d == 1
     monkeypatch.setenv("TURNOUT_SHRINK_STOPPED", "3")
     assert job.shrink_stopped_rank(n, d, before_combine=before_combine)[0] == 3
+
+
+def test_the_configurations_by_rank_count(monkeypatch):
+    monkeypatch.delenv("TURNOUT_DOMAIN_JOBS", raising=False)
+    assert runner.configurations(2, 1) == [(2, 1)]
+    assert runner.configurations(2, 2) == [(2, 1), (4, 2), (4, 1)]
+    assert runner.configurations(4, 1) == [(4, 2), (4, 1)]
+    assert runner.configurations(4, 4) == [(4, 2), (4, 1), (8, 4), (8, 2)]
+    assert runner.configurations(8, 1) == [(8, 4), (8, 2), (16, 8)]
+    assert runner.configurations(3, 1) == []
+    monkeypatch.setenv("TURNOUT_DOMAIN_JOBS", "2:1 8:2")
+    assert runner.configurations(2, 2) == [(2, 1)]
