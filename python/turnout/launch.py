@@ -7,15 +7,45 @@ group on one GPU."""
 import multiprocessing as mp
 import os
 import queue
+import random
 import socket
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .gpu_sharing import shared_gpus
 
+_LOWEST_PORT = 10000
 
-def free_port() -> int:
+
+def _outgoing_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> Tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        with open(path) as f:
+            lo, hi = (int(v) for v in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _binds(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(tries: int = 64) -> int:
+    """A port free now, below the range of outgoing connections' local ports:
+    a port the kernel hands out (bind to 0) can be taken by any connection the
+    starting ranks make before rank 0 listens on it (EADDRINUSE)."""
+    lo, _ = _outgoing_port_range()
+    if lo - _LOWEST_PORT >= tries:
+        for port in random.sample(range(_LOWEST_PORT, lo), tries):
+            if _binds(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

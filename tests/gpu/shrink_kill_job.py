@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,16 +27,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(n: int, mode: str) -> int:
     import torch
 
     from turnout.gpu_sharing import shared_gpus
+    from turnout.launch import free_port
 
     port = free_port()
     num_devices = torch.cuda.device_count()
