@@ -59,6 +59,9 @@ class IdleNative:
     def join(self, waiter, waited):
         pass
 
+    def follow(self, waiter, waited):
+        return True
+
     def get_dispatch_layout(self, *args):
         pass
 

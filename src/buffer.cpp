@@ -185,6 +185,10 @@ void Buffer::join(cudaStream_t waiter, cudaStream_t waited) {
   state_->core.join(waiter, waited);
 }
 
+bool Buffer::follow(cudaStream_t waiter, cudaStream_t waited) {
+  return state_->core.follow(waiter, waited);
+}
+
 void Buffer::check_errors(const char* op) {
   state_->core.check_errors(op);
 }

@@ -108,11 +108,11 @@ class Buffer {
   // Layout adds into a workspace that each call leaves zeroed. A call
   // captured in a CUDA graph gets one of its own (4 MB hold about 3600
   // with 256 experts), so replays may overlap eager calls; eager calls share one,
-  // so they must not overlap each other (one stream, as the Python layer).
+  // so they must not overlap each other (one stream, or streams joined, as the Python layer).
   void get_dispatch_layout(const LayoutArgs& args, cudaStream_t stream);
 
   // The collective ops of one Buffer share its work areas: issue them so they
-  // do not overlap (one stream, as the Python layer does, or joined streams).
+  // do not overlap (one stream, or streams joined in turn, as the Python layer does).
   // Intranode dispatch, step 1: exchange the counts. Unless num_worst_tokens >
   // 0 the host then waits for them (bounded by the timeout; a TimeoutError
   // names the ranks that did not answer) and returns the receive sizes; that
@@ -180,6 +180,10 @@ class Buffer {
   // Makes `waiter` wait for the work enqueued on `waited` so far (one reused
   // event: cheaper than a fresh one per call).
   void join(cudaStream_t waiter, cudaStream_t waited);
+  // join, unless the two streams are not in the same CUDA-graph capture (or
+  // both outside any): a capture must not wait on work outside it. Returns
+  // whether it joined.
+  bool follow(cudaStream_t waiter, cudaStream_t waited);
 
   // Throws the error a kernel recorded, if any (see above).
   void check_errors(const char* op);

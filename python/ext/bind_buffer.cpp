@@ -86,6 +86,10 @@ BufferClass bind_buffer(nb::module_& m) {
           "join", [](Buffer& b, uintptr_t waiter, uintptr_t waited) { b.join(stream(waiter), stream(waited)); },
           "waiter"_a, "waited"_a)
       .def(
+          "follow",
+          [](Buffer& b, uintptr_t waiter, uintptr_t waited) { return b.follow(stream(waiter), stream(waited)); },
+          "waiter"_a, "waited"_a)
+      .def(
           "barrier", [](Buffer& b, uintptr_t s) { b.barrier(stream(s)); }, "stream"_a)
       .def(
           "update_mask", [](Buffer& b, int rank, bool masked, uintptr_t s) { b.update_mask(rank, masked, stream(s)); },

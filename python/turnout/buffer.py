@@ -8,7 +8,7 @@ import torch
 from . import _C, bootstrap
 from .checks import check_config, check_int, fail
 from .event import EventOverlap
-from .ops import internode, intranode, layout, low_latency, rank_mask
+from .ops import internode, intranode, layout, low_latency, rank_mask, streams
 from .ops.context import OpContext, require_alive
 
 # Every op's body runs with torch-function dispatch off: under a
@@ -95,7 +95,7 @@ class Buffer:
         self._context = OpContext(self._native, device, size, self._comm_stream)
         if low_latency_mode:
             ring = _C.EventRing(device=device, size=low_latency.EVENT_RING_SIZE)
-            self._context.low_latency = low_latency.LowLatencyState(self._context.comm_raw, ring)
+            self._context.low_latency = low_latency.LowLatencyState(ring)
         self.rank = rank
         self.group_size = size
         self.group = group
@@ -368,5 +368,7 @@ class Buffer:
     def _barrier(self) -> None:
         """All NVL peers meet (on the current stream), then the host waits for it."""
         stream = torch.cuda.current_stream().cuda_stream
+        if self._context.tail != stream:
+            streams.follow(self._context, stream)
         self._native.barrier(stream=stream)
         self._native.synchronize(stream=stream, op="Buffer._barrier")

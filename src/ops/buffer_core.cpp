@@ -432,6 +432,21 @@ void BufferCore::join(cudaStream_t waiter, cudaStream_t waited) {
   TURNOUT_CUDA_CHECK(cudaStreamWaitEvent(waiter, join_event_.get(), 0));
 }
 
+bool BufferCore::follow(cudaStream_t waiter, cudaStream_t waited) {
+  require_alive("follow");
+  if (waiter == waited) return false;
+  cudaStreamCaptureStatus waiter_status, waited_status;
+  unsigned long long waiter_id = 0, waited_id = 0;
+  TURNOUT_CUDA_CHECK(cudaStreamGetCaptureInfo(waiter, &waiter_status, &waiter_id));
+  TURNOUT_CUDA_CHECK(cudaStreamGetCaptureInfo(waited, &waited_status, &waited_id));
+  // A wait across a capture's boundary is an error (a capture waiting on work
+  // outside it) or pulls eager work into a graph; the graph's launch orders it.
+  if (waiter_status != waited_status || waiter_status == cudaStreamCaptureStatusInvalidated) return false;
+  if (waiter_status == cudaStreamCaptureStatusActive && waiter_id != waited_id) return false;
+  join(waiter, waited);
+  return true;
+}
+
 void BufferCore::synchronize(cudaStream_t stream, const char* op) {
   require_alive(op);
   TURNOUT_CUDA_CHECK(cudaEventRecord(sync_event_.get(), stream));

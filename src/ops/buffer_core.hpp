@@ -90,6 +90,7 @@ class BufferCore {
 
   void check_errors(const char* op);
   void join(cudaStream_t waiter, cudaStream_t waited);
+  bool follow(cudaStream_t waiter, cudaStream_t waited);
   void synchronize(cudaStream_t stream, const char* op);
   // Shrinkable: in shrink mode masked peers are skipped and a peer that
   // does not come is masked.

@@ -120,6 +120,10 @@ class NativeStandIn:
     def join(self, waiter, waited):
         self.calls.append(("join", {"waiter": waiter, "waited": waited}))
 
+    def follow(self, waiter, waited):
+        self.calls.append(("follow", {"waiter": waiter, "waited": waited}))
+        return True
+
     def destroy(self):
         self.destroyed = True
         self.calls.append(("destroy", {}))
@@ -175,10 +179,10 @@ def make_context(num_ranks=4, low_latency_mode=True, device="cpu", device_index=
     """What an OpContext holds, on a device without a GPU."""
     context = types.SimpleNamespace(native=NativeStandIn(), device=torch.device(device), device_index=device_index,
                                     num_ranks=num_ranks, num_rdma_ranks=1, comm_stream=None, comm_raw=COMM_STREAM,
-                                    handle_owner=object(), low_latency=None)
+                                    handle_owner=object(), low_latency=None, tail=None)
     assert set(vars(context)) == set(OpContext.__slots__)
     if low_latency_mode:
-        context.low_latency = ll.LowLatencyState(COMM_STREAM, FakeRing())
+        context.low_latency = ll.LowLatencyState(FakeRing())
     return context
 
 

@@ -56,7 +56,7 @@ class InternodeNative:
 def make_context(num_ranks=8, num_domains=2, native=None):
     context = types.SimpleNamespace(native=native or InternodeNative(), device=torch.device("cpu"), device_index=0,
                                     num_ranks=num_ranks, num_rdma_ranks=num_domains, comm_stream=None,
-                                    comm_raw=0x2000, handle_owner=object(), low_latency=None)
+                                    comm_raw=0x2000, handle_owner=object(), low_latency=None, tail=None)
     assert set(vars(context)) == set(OpContext.__slots__)
     return context
 

@@ -300,13 +300,15 @@ def test_receive_hook_launches_once_on_the_stream_current_then(caller_stream):
     assert alive() is not None, "the hook keeps the call's tensors"
     caller_stream[0] = 0x3000
     hook()
+    # On another stream than the send's, the receive first waits for it.
+    assert context.native.calls[1] == ("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})
     _, receive = context.native.calls[-1]
     assert (receive["phase"], receive["stream"], receive["wait_for"]) == (_C.LOW_LATENCY_RECEIVE, 0x3000, None)
     assert {k: v for k, v in receive.items() if k not in ("phase", "stream")} == \
         {k: v for k, v in send.items() if k not in ("phase", "stream")}
     with pytest.raises(RuntimeError, match="already called"):
         hook()
-    assert len(context.native.calls) == 2
+    assert len(context.native.calls) == 3 and context.tail == 0x3000
 
     y, weights = expert_rows(context), torch.rand(T, K)
     combined_x, _, hook = combine(context, y, topk_idx, weights, handle, return_recv_hook=True)
@@ -319,11 +321,28 @@ def test_receive_hook_launches_once_on_the_stream_current_then(caller_stream):
 def test_an_op_on_the_callers_stream_first_waits_for_an_async_one():
     context = make_context()
     x, topk_idx = inputs()
-    context.low_latency.comm_ahead = True  # as an async_finish op leaves it
+    dispatch(context, x, topk_idx, async_finish=True)
+    assert context.tail == COMM_STREAM
     dispatch(context, x, topk_idx)
-    assert context.native.calls[-1][1]["wait_for"] == COMM_STREAM and not context.low_latency.comm_ahead
+    assert context.native.calls[-2] == ("follow", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
+    assert context.native.calls[-1][1]["wait_for"] is None and context.tail == CALLER_STREAM
     dispatch(context, x, topk_idx)
-    assert context.native.calls[-1][1]["wait_for"] is None
+    assert [m for m, _ in context.native.calls].count("follow") == 1
+
+
+def test_an_op_on_another_stream_first_waits_for_the_last_ones(caller_stream):
+    context = make_context()
+    x, topk_idx = inputs()
+    dispatch(context, x, topk_idx)
+    assert [m for m, _ in context.native.calls] == ["low_latency_dispatch"], "nothing ran before: no wait"
+    caller_stream[0] = 0x3000
+    dispatch(context, x, topk_idx)
+    assert context.native.calls[-2] == ("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})
+    # An async op issued on a third stream: the communication stream waits for both.
+    caller_stream[0] = 0x4000
+    dispatch(context, x, topk_idx, async_finish=True)
+    assert context.native.calls[-2] == ("follow", {"waiter": COMM_STREAM, "waited": 0x3000})
+    assert context.native.calls[-1][1]["wait_for"] == 0x4000 and context.tail == COMM_STREAM
 
 
 # -- async_finish: the ring's events and the pending calls -------------------------------------------------------
@@ -338,7 +357,7 @@ def test_async_finish_runs_on_the_comm_stream_and_returns_the_rings_event():
     assert method == "low_latency_dispatch"
     assert (call["phase"], call["stream"], call["wait_for"], call["ring"]) == \
         (_C.LOW_LATENCY_SEND_AND_RECEIVE, COMM_STREAM, CALLER_STREAM, ring)
-    assert ring.records == [(ring.events[0], COMM_STREAM)] and state.comm_ahead
+    assert ring.records == [(ring.events[0], COMM_STREAM)] and context.tail == COMM_STREAM
     (pending_event, tensors), = state.pending
     assert pending_event is ring.events[0] and tensors[0] is x and tensors[1] is topk_idx
     assert event.extra_tensors is tensors
@@ -352,7 +371,8 @@ def test_async_finish_runs_on_the_comm_stream_and_returns_the_rings_event():
     # Not async: no ring, no event, nothing pending added; it waits for the comm stream first.
     dispatch(context, x, topk_idx)
     call = context.native.calls[-1][1]
-    assert (call["ring"], call["wait_for"]) == (None, COMM_STREAM) and len(state.pending) == 2
+    assert (call["ring"], call["wait_for"]) == (None, None) and len(state.pending) == 2
+    assert context.native.calls[-2] == ("follow", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
 
 
 def async_call_holding(context, tokens):
@@ -453,7 +473,7 @@ def test_an_async_launch_that_raises_joins_the_callers_stream_back():
     with pytest.raises(RuntimeError, match="raised after the launch"):
         dispatch(context, x, topk_idx, async_finish=True)
     assert context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
-    assert not context.low_latency.pending and not context.low_latency.comm_ahead
+    assert not context.low_latency.pending
 
 
 def test_an_async_call_inside_a_graph_capture_neither_queries_nor_queues(monkeypatch):
@@ -490,12 +510,16 @@ def test_event_overlap_waits_for_a_low_latency_event_on_the_current_stream(calle
 
 def test_clean_runs_on_the_comm_stream_joined_both_ways():
     context = make_context()
-    context.low_latency.comm_ahead = True
+    context.tail = COMM_STREAM  # as an async_finish op leaves it
     ll.clean(context, M, H, E)
     method, call = context.native.calls[-1]
     assert method == "clean_low_latency_buffer"
     assert call == {"stream": COMM_STREAM, "wait_for": CALLER_STREAM, "join_to": CALLER_STREAM}
-    assert not context.low_latency.comm_ahead
+    assert context.tail == CALLER_STREAM
+    # After an op on another stream it waits for that stream too.
+    context.tail = 0x3000
+    ll.clean(context, M, H, E)
+    assert context.native.calls[-2] == ("follow", {"waiter": COMM_STREAM, "waited": 0x3000})
     for args, name in [((0, H, E), "num_max_dispatch_tokens_per_rank"), ((M, 100, E), "hidden"),
                        ((M, H, 10), "num_experts")]:
         with pytest.raises(ValueError, match=name):

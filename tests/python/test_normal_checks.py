@@ -10,8 +10,10 @@ import torch
 
 from low_latency_standin import CALLER_STREAM, NormalNativeStandIn, patch_streams
 from turnout import Buffer, Config
+from turnout.event import EventOverlap
 from turnout.ops import handle as handle_module
 from turnout.ops import intranode, layout
+from turnout.ops import streams as streams_module
 
 R, T, H, E, K = 4, 6, 64, 16, 3
 
@@ -30,7 +32,7 @@ def caller_stream(monkeypatch):
 def buffer_on(device_index):
     context = types.SimpleNamespace(native=NormalNativeStandIn(), device=torch.device("cpu"), device_index=device_index,
                                     num_ranks=R, num_rdma_ranks=1, comm_stream=None, comm_raw=0x2000,
-                                    handle_owner=object(), low_latency=None)
+                                    handle_owner=object(), low_latency=None, tail=None)
     buf = Buffer.__new__(Buffer)
     buf._context, buf._native, buf.group_size = context, context.native, R
     return buf
@@ -38,6 +40,13 @@ def buffer_on(device_index):
 
 def launched(buf):
     return [method for method, _ in buf._context.native.calls if method != "join"]
+
+
+class PreviousEvent(EventOverlap):
+    """A previous_event whose event the communication stream waits for as a low-latency op's."""
+
+    def __init__(self):
+        super().__init__(types.SimpleNamespace(wait=lambda stream: None))
 
 
 def misaligned(rows, cols, dtype=torch.bfloat16):
@@ -222,30 +231,81 @@ def test_the_default_config_is_made_once_per_group_size_and_sm_count():
     assert repr(third) == repr(Buffer.get_dispatch_config(R))
 
 
-@pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
-def test_a_native_call_that_raises_joins_the_callers_stream_back(call):
-    """A plain op has no OpStreams: its native calls join the caller's stream
-    both ways, and one that raises may have joined only the first way."""
-    buf = buffer_on(FAST)
-    inputs = Inputs(buf)
+def plain_calls(buf, inputs):
+    """Each plain op once, by name; the handle from a dispatch made first."""
     recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf)
-    calls = {"layout": lambda: buf.get_dispatch_layout(inputs.topk_idx, E),
-             "worst": lambda: inputs.dispatch(buf, num_worst_tokens=T * R),
-             "waited": lambda: inputs.dispatch(buf),
-             "cached": lambda: buf.dispatch(inputs.x, handle),
-             "combine": lambda: buf.combine(recv_x, handle, recv_weights)}
+    return {"layout": lambda: buf.get_dispatch_layout(inputs.topk_idx, E),
+            "worst": lambda: inputs.dispatch(buf, num_worst_tokens=T * R),
+            "waited": lambda: inputs.dispatch(buf),
+            "cached": lambda: buf.dispatch(inputs.x, handle),
+            "combine": lambda: buf.combine(recv_x, handle, recv_weights)}
+
+
+def stream_calls(buf):
+    return [(m, c) for m, c in buf._context.native.calls if m in ("join", "follow")]
+
+
+@pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
+def test_a_native_call_that_raises_leaves_the_callers_stream_as_it_is(call):
+    """A plain op queues its work on the caller's stream alone: nothing to join back."""
+    buf = buffer_on(FAST)
+    calls = plain_calls(buf, Inputs(buf))
     buf._context.native.fail_next = RuntimeError("raised by the native call")
     with pytest.raises(RuntimeError, match="raised by the native call"):
         calls[call]()
-    assert buf._context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": 0x2000})
+    assert stream_calls(buf) == [] and buf._context.tail == CALLER_STREAM
 
 
-@pytest.mark.parametrize("num_worst_tokens", [0, T * R])
-def test_the_native_calls_join_the_callers_stream_both_ways(num_worst_tokens):
+@pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
+def test_plain_ops_run_on_the_callers_stream_without_a_join(device_index):
+    buf = buffer_on(device_index)
+    calls = plain_calls(buf, Inputs(buf))
+    for call in calls.values():
+        call()
+    assert stream_calls(buf) == []
+    assert all((c["stream"], c.get("wait_for"), c.get("join_to")) == (CALLER_STREAM, None, None)
+               for _, c in buf._context.native.calls)
+    assert buf._context.tail == CALLER_STREAM
+
+
+@pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
+def test_a_plain_op_on_another_stream_first_waits_for_the_last_op(call, caller_stream):
     buf = buffer_on(FAST)
-    inputs = Inputs(buf)
-    handle = inputs.dispatch(buf, num_worst_tokens=num_worst_tokens)[4]
-    buf.dispatch(inputs.x, handle)
-    first, last = buf._context.native.calls[1], buf._context.native.calls[-1]
-    assert (first[1]["wait_for"], last[1]["join_to"]) == (CALLER_STREAM, CALLER_STREAM)
-    assert all(call["stream"] == 0x2000 for _, call in buf._context.native.calls)
+    calls = plain_calls(buf, Inputs(buf))
+    caller_stream[0] = 0x3000
+    calls[call]()
+    assert stream_calls(buf) == [("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})]
+    assert buf._context.native.calls[-1][1]["stream"] == 0x3000
+    calls[call]()
+    assert len(stream_calls(buf)) == 1, "the same stream again: no wait"
+
+
+@pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
+def test_a_plain_op_after_an_async_one_first_waits_for_the_comm_stream(call):
+    buf = buffer_on(FAST)
+    calls = plain_calls(buf, Inputs(buf))
+    streams_module.OpStreams(buf._context, "dispatch", None, True, False)
+    assert buf._context.tail == 0x2000, "an async op leaves the communication stream ahead"
+    calls[call]()
+    assert stream_calls(buf) == [("follow", {"waiter": CALLER_STREAM, "waited": 0x2000})]
+    assert buf._context.tail == CALLER_STREAM
+
+
+def test_an_op_on_the_comm_stream_waits_for_the_plain_ones(caller_stream):
+    buf = buffer_on(FAST)
+    context = buf._context
+    Inputs(buf)
+    ops = streams_module.OpStreams(context, "dispatch", None, True, False)
+    assert stream_calls(buf) == [] and ops.wait_for == CALLER_STREAM, "its first native call joins the caller's"
+    # Plain ops on another stream, then an async op issued on the first: it waits for both.
+    caller_stream[0] = 0x3000
+    buf.get_dispatch_layout(torch.zeros(T, K, dtype=torch.int64), E)
+    caller_stream[0] = CALLER_STREAM
+    ops = streams_module.OpStreams(context, "dispatch", None, True, False)
+    assert stream_calls(buf)[-1] == ("follow", {"waiter": 0x2000, "waited": 0x3000})
+    assert ops.wait_for == CALLER_STREAM and context.tail == 0x2000
+    # With previous_event the caller's stream is not joined by the op: it waits for the last plain op there.
+    buf.get_dispatch_layout(torch.zeros(T, K, dtype=torch.int64), E)
+    ops = streams_module.OpStreams(context, "dispatch", PreviousEvent(), False, False)
+    assert stream_calls(buf)[-1] == ("follow", {"waiter": 0x2000, "waited": CALLER_STREAM})
+    assert ops.wait_for is None and ops.join_to == CALLER_STREAM and context.tail == CALLER_STREAM

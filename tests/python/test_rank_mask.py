@@ -24,7 +24,8 @@ class FakeNative:
 
 
 def context(shrink: bool, num_ranks: int = 4):
-    return types.SimpleNamespace(native=FakeNative(shrink), num_ranks=num_ranks, device=torch.device("cuda", 0))
+    return types.SimpleNamespace(native=FakeNative(shrink), num_ranks=num_ranks, device=torch.device("cuda", 0),
+                                 tail=None)
 
 
 @pytest.mark.parametrize("call", [

@@ -197,7 +197,7 @@ def normal_calls(buf, topk_idx, weights, x, bias, async_finish):
 def test_normal_ops_make_no_torch_function_call(deepep_defaults, async_finish):
     context = types.SimpleNamespace(native=NormalStandIn(), device=META, device_index=-1, num_ranks=R,
                                     num_rdma_ranks=1, comm_stream=None, comm_raw=0x2000, handle_owner=object(),
-                                    low_latency=None)
+                                    low_latency=None, tail=None)
     buf = buffer_over(context)
     _, topk_idx = inputs(device=META)
     weights = torch.empty(T, K, dtype=torch.float32, device=META)

@@ -117,13 +117,14 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     dispatch_args = (x.data_ptr(), MAIN_TOKENS, HIDDEN * 2, 0, 0, 0, 0, topk_idx.data_ptr(), topk_weights.data_ptr(),
                      NUM_TOPK, NUM_EXPERTS, per_expert.data_ptr(), 1, in_rank.data_ptr(), prefix.data_ptr(), worst,
                      worst, config, recv_x.data_ptr(), 0, recv_topk_idx.data_ptr(), recv_topk_weights.data_ptr(),
-                     recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), comm, caller, caller)
+                     recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), caller, None, None)
     handle = out[4]
     combined_x = out[0].new_empty(MAIN_TOKENS, HIDDEN)
     combine_args = (out[0].data_ptr(), out[0].shape[0], HIDDEN, 0, 0, 0, 0, handle[0].data_ptr(), handle[1].data_ptr(),
-                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0, comm,
-                    caller, caller)
-    # (call, whether it waits for the counts on the host)
+                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0, caller,
+                    None, None)
+    # (call, whether it waits for the counts on the host); the joins are what a
+    # plain op paid before it ran on the caller's stream, and one on a stream switch does.
     calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),
              "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False),
              "dispatch bf16, outputs only": (outputs, False),

@@ -13,7 +13,7 @@ class OpContext:
     stream its ops run on. The ops see nothing else of the Buffer."""
 
     __slots__ = ("native", "device", "device_index", "num_ranks", "num_rdma_ranks", "comm_stream", "comm_raw",
-                 "handle_owner", "low_latency")
+                 "handle_owner", "low_latency", "tail")
 
     def __init__(self, native, device_index: int, num_ranks: int, comm_stream: torch.cuda.Stream) -> None:
         self.native = native
@@ -30,3 +30,6 @@ class OpContext:
         # The low-latency outputs and stream state (ops/low_latency.py); None
         # on a buffer built without low_latency_mode.
         self.low_latency = None
+        # The raw stream this buffer's last op was issued on (ops/streams.py
+        # follow): an op on another stream waits for it first. None until one is.
+        self.tail = None

@@ -5,8 +5,9 @@ Each op checks its common case (plain contiguous tensors on this GPU, BF16
 rows, a handle of this buffer) in one expression and runs the full checks,
 which name what is wrong, only when that fails. A plain op (no
 previous_event, async_finish or allocate_on_comm_stream) makes no OpStreams:
-its native calls join the caller's stream both ways. The native calls take
-their arguments positionally (each keyword costs time to match)."""
+it runs on the caller's stream, after the buffer's last op
+(streams.follow). The native calls take their arguments positionally (each
+keyword costs time to match)."""
 from typing import Optional
 
 import torch
@@ -146,15 +147,17 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     else:
         num_scales = stride_token = stride_group = scales_ptr = 0
 
-    native, comm = context.native, context.comm_raw
+    native = context.native
     if previous_event is None and not async_finish and not allocate_on_comm_stream:
         if native.destroyed:
             require_alive(native, op)
-        streams = None
-        wait_for = join_to = caller = op_streams.current_raw_stream(index)
+        streams = wait_for = join_to = None
+        stream = op_streams.current_raw_stream(index)
+        if context.tail != stream:
+            op_streams.follow(context, stream)
     else:
         streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, caller = streams.wait_for, streams.join_to, None
+        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
     try:
         x_ptr, in_rank_ptr = data.data_ptr(), is_token_in_rank.data_ptr()
         recv_topk_idx = recv_topk_weights = source_num_tokens = recv_src_idx = recv_scales = None
@@ -169,7 +172,7 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
             native.dispatch_known_rows(
                 x_ptr, num_tokens, row_bytes, scales_ptr, num_scales, stride_token, stride_group, 0, 0, 0, 0, 0, 1,
                 in_rank_ptr, rank_prefix_matrix.data_ptr(), num_recv, 0, config, recv_x.data_ptr(), recv_scales_ptr,
-                0, 0, 0, 0, comm, wait_for, join_to)
+                0, 0, 0, 0, stream, wait_for, join_to)
         else:
             # new_empty of a checked tensor of the dtype wanted, sizes as separate
             # ints: fewer arguments to parse than torch.empty.
@@ -183,7 +186,7 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
                 # Waits on the host for the receive sizes.
                 num_recv, per_expert = native.dispatch_counts(
                     in_rank_ptr, num_tokens, per_expert_ptr, num_experts, topk_idx_ptr, num_topk, expert_alignment,
-                    0, config, prefix_ptr, comm, wait_for)
+                    0, config, prefix_ptr, stream, wait_for)
             recv_x = data.new_empty(num_recv, hidden)
             if scales is not None:
                 recv_scales = scales.new_empty(num_recv, num_scales)
@@ -201,15 +204,15 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
                     topk_weights_ptr, num_topk, num_experts, per_expert_ptr, expert_alignment, in_rank_ptr,
                     prefix_ptr, num_recv, num_worst_tokens, config, recv_x.data_ptr(), recv_scales_ptr,
                     recv_topk_idx_ptr, recv_topk_weights_ptr, recv_src_idx.data_ptr(), source_num_tokens.data_ptr(),
-                    comm, wait_for, join_to)
+                    stream, wait_for, join_to)
             else:
                 native.dispatch(
                     x_ptr, num_tokens, row_bytes, scales_ptr, num_scales, stride_token, stride_group, topk_idx_ptr,
                     topk_weights_ptr, num_topk, num_experts, in_rank_ptr, prefix_ptr, num_recv, 0, config,
                     recv_x.data_ptr(), recv_scales_ptr, recv_topk_idx_ptr, recv_topk_weights_ptr,
-                    recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), comm, join_to)
+                    recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), stream, join_to)
     except BaseException:
-        op_streams.unwind(context, streams, caller)
+        op_streams.unwind(context, streams)
         raise
     if streams is None:
         event = EventOverlap()
@@ -274,11 +277,13 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
     if previous_event is None and not async_finish and not allocate_on_comm_stream:
         if native.destroyed:
             require_alive(native, op)
-        streams = None
-        wait_for = join_to = caller = op_streams.current_raw_stream(index)
+        streams = wait_for = join_to = None
+        stream = op_streams.current_raw_stream(index)
+        if context.tail != stream:
+            op_streams.follow(context, stream)
     else:
         streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, caller = streams.wait_for, streams.join_to, None
+        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
     try:
         # new_empty of the checked inputs of their dtypes: fewer arguments to parse than torch.empty.
         combined_x = x.new_empty(num_tokens, hidden)
@@ -287,10 +292,9 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
             x_ptr, num_rows, hidden, weights_ptr, num_topk, biases[0].data_ptr() if biases else 0,
             biases[1].data_ptr() if len(biases) > 1 else 0, rank_prefix_matrix.data_ptr(),
             source_num_tokens.data_ptr(), recv_src_idx.data_ptr(), is_token_in_rank.data_ptr(), num_tokens, config,
-            combined_x.data_ptr(), combined_topk_weights.data_ptr() if num_topk else 0, context.comm_raw, wait_for,
-            join_to)
+            combined_x.data_ptr(), combined_topk_weights.data_ptr() if num_topk else 0, stream, wait_for, join_to)
     except BaseException:
-        op_streams.unwind(context, streams, caller)
+        op_streams.unwind(context, streams)
         raise
     if streams is None:
         return combined_x, combined_topk_weights, EventOverlap()

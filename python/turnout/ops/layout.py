@@ -29,15 +29,17 @@ def get_dispatch_layout(context: OpContext, topk_idx: torch.Tensor, num_experts:
     num_rdma_ranks = context.num_rdma_ranks
     has_rdma = num_rdma_ranks > 1
     native = context.native
-    # A plain call makes no OpStreams: the native call joins the caller's stream both ways.
+    # A plain call makes no OpStreams: it runs on the caller's stream, after the buffer's last op.
     if previous_event is None and not async_finish and not allocate_on_comm_stream:
         if native.destroyed:
             require_alive(native, op)
-        streams = None
-        wait_for = join_to = caller = op_streams.current_raw_stream(context.device_index)
+        streams = wait_for = join_to = None
+        stream = op_streams.current_raw_stream(context.device_index)
+        if context.tail != stream:
+            op_streams.follow(context, stream)
     else:
         streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, caller = streams.wait_for, streams.join_to, None
+        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
     try:
         # An allocation per output, each new_empty of the checked topk_idx: cheaper
         # than torch.empty's arguments, or one allocation split in several.
@@ -48,9 +50,9 @@ def get_dispatch_layout(context: OpContext, topk_idx: torch.Tensor, num_experts:
         native.get_dispatch_layout(
             topk_idx.data_ptr(), num_tokens, num_topk, num_experts, num_tokens_per_rank.data_ptr(),
             num_tokens_per_rdma_rank.data_ptr() if has_rdma else 0, num_tokens_per_expert.data_ptr(),
-            is_token_in_rank.data_ptr(), context.comm_raw, wait_for, join_to)
+            is_token_in_rank.data_ptr(), stream, wait_for, join_to)
     except BaseException:
-        op_streams.unwind(context, streams, caller)
+        op_streams.unwind(context, streams)
         raise
     if streams is None:
         event = EventOverlap()

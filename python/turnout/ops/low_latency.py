@@ -27,7 +27,7 @@ from .. import _C
 from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail, is_plain
 from ..event import EventOverlap
 from .context import OpContext
-from .streams import OpStreams, current_raw_stream
+from .streams import OpStreams, current_raw_stream, follow
 
 MAX_TOPK: int = _C.low_latency_max_topk
 MAX_TOKENS: int = _C.low_latency_max_tokens
@@ -117,17 +117,15 @@ class _Shape:
 
 class LowLatencyState:
     """A low-latency Buffer's Python-side state: its output sets by shape,
-    whether the communication stream holds a low-latency op that the caller's
-    stream has not waited for yet (an async_finish call), the ring of events
-    such ops record (turnout._C.EventRing) and, oldest first, the
-    ``(event, tensors)`` of those that may still run."""
+    the ring of events async_finish ops record (turnout._C.EventRing) and,
+    oldest first, the ``(event, tensors)`` of those that may still run. Which
+    stream the buffer's last op ran on is the context's (``tail``), shared
+    with normal mode: both modes meet at the barrier and the rank mask."""
 
-    __slots__ = ("shapes", "comm_ahead", "comm_raw", "ring", "pending")
+    __slots__ = ("shapes", "ring", "pending")
 
-    def __init__(self, comm_raw: int, ring) -> None:
+    def __init__(self, ring) -> None:
         self.shapes = {}
-        self.comm_ahead = False
-        self.comm_raw = comm_raw
         self.ring = ring
         self.pending = deque()
 
@@ -204,10 +202,10 @@ class _ReceiveHook:
     the receive may still run). Launching a receive twice would put this rank
     a call ahead of its peers, so a second call raises."""
 
-    __slots__ = ("_state", "_launch", "_args", "_device_index", "_op", "_tensors", "_called")
+    __slots__ = ("_context", "_launch", "_args", "_device_index", "_op", "_tensors", "_called")
 
     def __init__(self, context: OpContext, op: str, launch, args: tuple, tensors: tuple) -> None:
-        self._state = context.low_latency
+        self._context = context
         self._launch = launch
         self._args = args
         self._device_index = context.device_index
@@ -221,7 +219,7 @@ class _ReceiveHook:
         self._called = True
         # As the Buffer's ops: nothing of a TorchFunctionMode or subclass runs here.
         with torch._C.DisableTorchFunction():
-            self._launch(*self._args, _RECEIVE, current_raw_stream(self._device_index), _join_comm(self._state), None)
+            self._launch(*self._args, _RECEIVE, _caller_after_tail(self._context), None, None)
 
 
 def _state(context: OpContext, op: str) -> LowLatencyState:
@@ -234,13 +232,14 @@ def _state(context: OpContext, op: str) -> LowLatencyState:
     return state
 
 
-def _join_comm(state: LowLatencyState) -> Optional[int]:
-    """What an op launched on the caller's stream waits for first: the
-    communication stream, if an async_finish op is still ahead on it."""
-    if not state.comm_ahead:
-        return None
-    state.comm_ahead = False
-    return state.comm_raw
+def _caller_after_tail(context: OpContext) -> int:
+    """The caller's stream, which an op about to launch there first makes
+    wait for the buffer's last op if that was issued on another stream (an
+    async_finish op on the communication stream, say)."""
+    caller = current_raw_stream(context.device_index)
+    if context.tail != caller:
+        follow(context, caller)
+    return caller
 
 
 def _check_hidden(op: str, hidden: int, x: torch.Tensor, use_fp8: bool) -> None:
@@ -367,8 +366,10 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
             event, hook = _NO_EVENT, _launch_send(context, state, op, launch, args, tensors)
     else:
         # The common case, neither async_finish nor a hook: both phases on the caller's stream.
-        launch(*args, _SEND_AND_RECEIVE, current_raw_stream(index), _join_comm(state) if state.comm_ahead else None,
-               None)
+        caller = current_raw_stream(index)
+        if context.tail != caller:
+            follow(context, caller)
+        launch(*args, _SEND_AND_RECEIVE, caller, None, None)
         event, hook = _NO_EVENT, None
     handle = LowLatencyHandle(outputs.handle_entries)
     handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None, (num_tokens, num_topk))
@@ -377,7 +378,7 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
 
 def _launch_send(context: OpContext, state: LowLatencyState, op: str, launch, args: tuple, tensors: tuple):
     """The send of a return_recv_hook op; returns the hook for its receive."""
-    launch(*args, _SEND, current_raw_stream(context.device_index), _join_comm(state), None)
+    launch(*args, _SEND, _caller_after_tail(context), None, None)
     return _ReceiveHook(context, op, launch, args, tensors)
 
 
@@ -386,6 +387,12 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
     stream; the launch records the ring's next event after it."""
     caller = current_raw_stream(context.device_index)
     comm = context.comm_raw
+    tail = context.tail
+    # The launch makes the communication stream wait for the caller's; the
+    # last op's stream too if it is neither.
+    if tail is not None and tail != comm and tail != caller:
+        context.native.follow(comm, tail)
+    context.tail = comm
     ring = state.ring
     try:
         event = launch(*args, _SEND_AND_RECEIVE, comm, caller, ring)
@@ -394,7 +401,6 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
         # must not run ahead of it (nor free what it reads).
         context.native.join(waiter=caller, waited=comm)
         raise
-    state.comm_ahead = True
     # Inside a capture the graph's replays, not this queue, decide how long
     # the tensors are needed, and its events cannot be queried (the ring saw
     # whether its stream was capturing).
@@ -486,8 +492,10 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
             outputs.plan_ptr, bool(use_logfmt), out_ptr, wait_ptr)
     launch = context.native.low_latency_combine
     if not (async_finish or return_recv_hook):
-        launch(*args, _SEND_AND_RECEIVE, current_raw_stream(index), _join_comm(state) if state.comm_ahead else None,
-               None)
+        caller = current_raw_stream(index)
+        if context.tail != caller:
+            follow(context, caller)
+        launch(*args, _SEND_AND_RECEIVE, caller, None, None)
         return combined_x, _NO_EVENT, None
     tensors = (x, topk_idx, topk_weights, combined_x, combine_wait_recv_cost_stats)
     if async_finish:
@@ -512,7 +520,7 @@ def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int
     """Buffer.clean_low_latency_buffer: a collective reset of the low-latency
     region, on the communication stream, joined both ways."""
     op = "clean_low_latency_buffer"
-    state = _state(context, op)
+    _state(context, op)
     check_int(op, "num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1, MAX_TOKENS)
     check_int(op, "hidden", hidden, 8, MAX_HIDDEN)
     if hidden % 8:
@@ -520,4 +528,3 @@ def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int
     _check_experts(op, num_experts, context.num_ranks)
     with OpStreams(context, op, None, False, False) as streams:
         context.native.clean_low_latency_buffer(context.comm_raw, streams.wait_for, streams.join_to)
-    state.comm_ahead = False

@@ -1,6 +1,14 @@
-"""How an op runs on its Buffer's communication stream: DeepEP's
-previous_event, async_finish and allocate_on_comm_stream, and the way back
-when the op fails part way."""
+"""Which stream an op runs on and what it waits for first.
+
+A plain op (no previous_event, async_finish or allocate_on_comm_stream) runs
+on the caller's stream, as low-latency mode's do; the others run on the
+Buffer's communication stream: DeepEP's previous_event, async_finish and
+allocate_on_comm_stream, and the way back when the op fails part way.
+
+Every op of one Buffer shares its regions, so each waits for the one before
+it, whatever stream that was issued on: ``context.tail`` is that stream. An op
+issued on the same stream needs no wait; one on another stream joins it
+first (``follow``), except across a CUDA-graph capture's boundary."""
 from typing import Optional, Tuple
 
 import torch
@@ -10,16 +18,24 @@ from ..event import EventOverlap, current_raw_stream
 from .context import OpContext, require_alive
 
 
-def unwind(context: OpContext, streams: Optional["OpStreams"], caller: int) -> None:
+def follow(context: OpContext, stream: int) -> None:
+    """Before an op issued on ``stream``: waits for the buffer's last op,
+    which was issued on another stream, and makes ``stream`` the tail. The
+    callers test ``context.tail != stream`` first, the common case inline."""
+    tail = context.tail
+    if tail is not None:
+        # Skipped natively across a capture's boundary: a capture may not wait
+        # on work outside it, and the graph's launch orders it after that work.
+        context.native.follow(stream, tail)
+    context.tail = stream
+
+
+def unwind(context: OpContext, streams: Optional["OpStreams"]) -> None:
     """After an op failed part way: the streams as they were before it.
-    ``streams`` is the op's OpStreams, or None for a plain op (no
-    previous_event, async_finish or allocate_on_comm_stream): such an op
-    makes no OpStreams, a few microseconds of Python objects and calls; its
-    native calls join the caller's stream ``caller`` both ways."""
+    ``streams`` is the op's OpStreams, or None for a plain op, which queued
+    its work on the caller's stream alone: nothing to put back."""
     if streams is not None:
         streams.unwind()
-    else:
-        context.native.join(caller, context.comm_raw)
 
 
 class OpStreams:
@@ -28,7 +44,10 @@ class OpStreams:
 
     The communication stream waits for the caller's stream before the op:
     the op's first native call does it (``wait_for``; None when
-    previous_event was waited for instead). Without async_finish the caller's
+    previous_event was waited for instead). It also waits for the stream of
+    the buffer's last op (``follow``) unless that is one of those two; with
+    previous_event that may be the caller's stream, which it then waits for
+    whole, not only up to the event. Without async_finish the caller's
     stream waits for the op after it: the op's last native call does it
     (``join_to``; None with async_finish, whose event does it). With
     allocate_on_comm_stream torch allocates on the communication stream inside
@@ -58,6 +77,12 @@ class OpStreams:
         if allocate_on_comm_stream:
             self._compute = torch.cuda.current_stream()
             torch.cuda.set_stream(context.comm_stream)
+        comm_raw = context.comm_raw
+        tail = context.tail
+        if tail is not None and tail != comm_raw and (tail != compute_raw or self.wait_for is None):
+            context.native.follow(comm_raw, tail)
+        # Without async_finish the caller's stream waits for the op after it (or unwind does).
+        context.tail = comm_raw if async_finish else compute_raw
         self._context = context
         self._compute_raw = compute_raw
         self._async_finish = async_finish
