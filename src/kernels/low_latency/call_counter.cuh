@@ -30,8 +30,8 @@ __host__ __device__ constexpr int phase_bits(LowLatencyPhase phase) {
 }
 
 // The number of the call this phase runs (the first call is 1).
-__device__ __forceinline__ uint32_t call_number(const CallCounter* counter) {
-  return *static_cast<const volatile uint32_t*>(&counter->seq) + 1;
+__device__ __forceinline__ uint64_t call_number(const CallCounter* counter) {
+  return *static_cast<const volatile uint64_t*>(&counter->seq) + 1;
 }
 
 // Every thread of every block calls it once, after the block's part of the
@@ -39,7 +39,7 @@ __device__ __forceinline__ uint32_t call_number(const CallCounter* counter) {
 // (every block's reads and writes of this rank happen before it), then the
 // counter advances. Returns true in that block.
 template <typename Closing>
-__device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq, Closing closing) {
+__device__ __forceinline__ bool finish_phase(CallCounter* counter, uint64_t seq, Closing closing) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -53,7 +53,7 @@ __device__ __forceinline__ bool finish_phase(CallCounter* counter, uint32_t seq,
   __syncthreads();
   if (threadIdx.x == 0) {
     counter->done = 0;
-    *static_cast<volatile uint32_t*>(&counter->seq) = seq;
+    *static_cast<volatile uint64_t*>(&counter->seq) = seq;
   }
   return true;
 }
@@ -90,15 +90,15 @@ __device__ __forceinline__ bool peer_counts(const WaitContext& wait, int peer, W
 // every block of this rank has arrived (each read the numbers first), the
 // next launch may read the next numbers. This rank's own blocks never wait
 // before they arrive, so the spin ends whatever its peers do.
-__device__ __forceinline__ void advance_both(CallCounter* send, uint32_t send_seq, CallCounter* receive,
-                                             uint32_t recv_seq, const uint32_t* own_arrivals) {
+__device__ __forceinline__ void advance_both(CallCounter* send, uint64_t send_seq, CallCounter* receive,
+                                             uint64_t recv_seq, const uint32_t* own_arrivals) {
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const uint32_t target = arrivals_after(send_seq);
     while (static_cast<int32_t>(device::load_acquire_sys(own_arrivals) - target) < 0) {
     }
-    *static_cast<volatile uint32_t*>(&send->seq) = send_seq;
-    *static_cast<volatile uint32_t*>(&receive->seq) = recv_seq;
+    *static_cast<volatile uint64_t*>(&send->seq) = send_seq;
+    *static_cast<volatile uint64_t*>(&receive->seq) = recv_seq;
   }
 }
 

@@ -370,12 +370,13 @@ __device__ void send_rows(const LowLatencyCombineParams& p, const Transport& tr,
 // rank whose plan is unusable says so to every rank before anything else
 // (their sends may be waiting for its weights), and sends no row.
 template <bool kLogfmt, class Transport>
-__device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, const Transport& tr, uint32_t seq,
-                                          bool fused, char* stage) {
+__device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, const Transport& tr, uint64_t n, bool fused,
+                                          char* stage) {
   __shared__ bool publisher;
   const Group& g = p.group;
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
-  const int parity = static_cast<int>(seq & 1);
+  const uint32_t seq = call_tag(n);
+  const int parity = static_cast<int>(n & 1);
   const int64_t signal = combine_signal_offset(parity, g.rank);
   __shared__ uint32_t live_bits[kRankWords];
   const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits);
@@ -491,16 +492,17 @@ __device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self
   }
 }
 
-// One call's receive, on every thread of the grid. The receive's call number
-// advances at the end, and the send's where this launch ran the send too
-// (`send_seq` nonzero).
+// Call n's receive, on every thread of the grid. The receive's call number
+// advances at the end, and the send's (call send_n) where this launch ran the
+// send too (`sent`).
 template <bool kLogfmt, class Transport>
-__device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, const Transport& tr, uint32_t seq,
-                                          uint32_t send_seq) {
+__device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, const Transport& tr, uint64_t n,
+                                          uint64_t send_n, bool sent) {
   const LowLatencyCombineArgs& a = p.args;
   const Group& g = p.group;
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
-  const int parity = static_cast<int>(seq & 1);
+  const uint32_t seq = call_tag(n), target = arrivals_after(n);
+  const int parity = static_cast<int>(n & 1);
   // Every block reads every expert rank's rows, so every block waits for all
   // (in shrink mode, for every one that counts).
   __shared__ uint32_t live_bits[kRankWords], counted_bits[kRankWords], failed_bits[kRankWords];
@@ -508,7 +510,6 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   bool arrived = true;
   for (int d = static_cast<int>(threadIdx.x); d < g.num_ranks; d += kThreads) {
     const uint64_t start = device::global_timer_ns();
-    const uint32_t target = arrivals_after(seq);
     const uint32_t* arrivals = &fixed->combine[parity][d].arrivals;
     bool failed = false;
     const bool counts =
@@ -531,11 +532,11 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
                          g.wait.first_nvl_rank + failed_rank, static_cast<int>(OpKind::kLowLatencyCombine), 0, 0);
-  if (send_seq != 0)
-    advance_both(&fixed->local.combine_send, send_seq, &fixed->local.combine_recv, seq,
-                 &fixed->combine[send_seq & 1][g.rank].arrivals);
+  if (sent)
+    advance_both(&fixed->local.combine_send, send_n, &fixed->local.combine_recv, n,
+                 &fixed->combine[send_n & 1][g.rank].arrivals);
   else
-    finish_phase(&fixed->local.combine_recv, seq, [] {});
+    finish_phase(&fixed->local.combine_recv, n, [] {});
 }
 
 // Both phases in one launch only where every block of the grid is resident
@@ -549,17 +550,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
-  const uint32_t send_seq = phases & kPhaseSend ? call_number(&state->combine_send) : 0;
-  const uint32_t recv_seq = phases & kPhaseReceive ? call_number(&state->combine_recv) : 0;
+  const uint64_t send_n = phases & kPhaseSend ? call_number(&state->combine_send) : 0;
+  const uint64_t recv_n = phases & kPhaseReceive ? call_number(&state->combine_recv) : 0;
   if (phases & kPhaseSend) {
     const bool fused = (phases & kPhaseReceive) != 0;
-    send_call<kLogfmt>(p, tr, send_seq, fused, stage);
+    send_call<kLogfmt>(p, tr, send_n, fused, stage);
     if (!fused)
-      finish_phase(&state->combine_send, send_seq, [&] {
+      finish_phase(&state->combine_send, send_n, [&] {
         if (threadIdx.x == 0) state->weights_claim = 0;
       });
   }
-  if (phases & kPhaseReceive) recv_call<kLogfmt>(p, tr, recv_seq, send_seq);
+  if (phases & kPhaseReceive) recv_call<kLogfmt>(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0);
 }
 
 template <bool kLogfmt, class Transport>

@@ -282,7 +282,7 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
 // `live` that hold one of its experts.
 template <class Transport>
 __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, const Transport& tr,
-                                           MessageHeader* headers, uint32_t seq, int parity, int t, int team,
+                                           MessageHeader* headers, uint32_t seq, int parity, int set, int t, int team,
                                            int member, int team_warps, int lane, PeerSet live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
@@ -311,8 +311,8 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
   const int64_t staged = p.region.header_stage_slot(parity, t, 0);
   if (member == 0)
-    put_headers(tr, headers, counts_offset(seq % kCountSets, p.group.rank, L), seq, t, slot, staged, expert, weight, K,
-                L, ranks, dests, far, lane);
+    put_headers(tr, headers, counts_offset(set, p.group.rank, L), seq, t, slot, staged, expert, weight, K, L, ranks,
+                dests, far, lane);
   constexpr int64_t kHeaderBytes = sizeof(MessageHeader);
   const int64_t payload = slot + kHeaderBytes;
   char* stage = tr.local() + p.region.dispatch_stage_slot(parity, t) + kHeaderBytes;
@@ -342,14 +342,15 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   }
 }
 
-// One call's send, on every thread of the grid: the block's tokens, then
+// Call n's send, on every thread of the grid: the block's tokens, then
 // (block 0) this rank's token count and whether it gave weights, then the
 // block's arrival at every rank (in shrink mode: every unmasked rank).
 template <class Transport>
-__device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const Transport& tr, uint32_t seq) {
+__device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n) {
   __shared__ __align__(16) MessageHeader headers[kWarps][kLowLatencyMaxTopk];
   __shared__ uint32_t live_bits[kRankWords];
-  const int parity = static_cast<int>(seq & 1);
+  const uint32_t seq = call_tag(n);
+  const int parity = static_cast<int>(n & 1), set = static_cast<int>(n % kCountSets);
   const PeerSet live = block_live_set(p.group.wait, p.group.num_ranks, p.group.rank, live_bits);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
@@ -357,7 +358,7 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
   for (int j = team;; j += teams.count) {
     const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     if (t >= p.args.num_tokens) break;
-    send_token(p, tr, headers[warp], seq, parity, t, team, member, teams.warps, lane, live);
+    send_token(p, tr, headers[warp], seq, parity, set, t, team, member, teams.warps, lane, live);
   }
   const int64_t signal = signal_offset(parity, p.group.rank);
   for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < p.group.num_ranks; d += kThreads) {
@@ -386,14 +387,14 @@ __device__ __forceinline__ void write_plan_header(const LowLatencyDispatchParams
   h->failed = failed;
 }
 
-// Source s: waits for its arrivals, notes its token count and its bad-input
-// and weights bits.
-__device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& p, FixedArea* fixed, uint32_t seq,
-                                                int parity, int s, bool live, int32_t* source_tokens,
-                                                uint32_t* failed_sources, uint32_t* weightless_sources) {
-  const DispatchSignal& signal = fixed->dispatch[parity][s];
+// Source s: waits for its arrivals of call n, notes its token count and its
+// bad-input and weights bits.
+__device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& p, FixedArea* fixed, uint64_t n, int s,
+                                                bool live, int32_t* source_tokens, uint32_t* failed_sources,
+                                                uint32_t* weightless_sources) {
+  const DispatchSignal& signal = fixed->dispatch[n & 1][s];
   const uint64_t start = device::global_timer_ns();
-  const uint32_t target = arrivals_after(seq);
+  const uint32_t target = arrivals_after(n), seq = call_tag(n);
   bool failed = false;
   const bool counts =
       peer_counts(p.group.wait, s, WaitSite::kLowLatencyDispatch, &fixed->local.dispatch_verdict[s], seq, live, failed,
@@ -415,12 +416,12 @@ __device__ __forceinline__ bool wait_for_source(const LowLatencyDispatchParams& 
 // each one's token count and whether it had a bad input (bit s of the shared
 // bitsets). Returns false on a timeout (recorded). In shrink mode a source
 // that is masked, or does not come in time, sends nothing.
-__device__ __forceinline__ bool wait_for_sources(const LowLatencyDispatchParams& p, FixedArea* fixed, uint32_t seq,
-                                                 int parity, PeerSet live, int32_t* source_tokens,
-                                                 uint32_t* failed_sources, uint32_t* weightless_sources) {
+__device__ __forceinline__ bool wait_for_sources(const LowLatencyDispatchParams& p, FixedArea* fixed, uint64_t n,
+                                                 PeerSet live, int32_t* source_tokens, uint32_t* failed_sources,
+                                                 uint32_t* weightless_sources) {
   bool ok = true;
   for (int s = static_cast<int>(threadIdx.x); s < p.group.num_ranks; s += kThreads)
-    ok &= wait_for_source(p, fixed, seq, parity, s, live.has(s), source_tokens, failed_sources, weightless_sources);
+    ok &= wait_for_source(p, fixed, n, s, live.has(s), source_tokens, failed_sources, weightless_sources);
   return ok;
 }
 
@@ -693,33 +694,34 @@ __device__ __forceinline__ void place_rows(const LowLatencyDispatchParams& p, co
   }
 }
 
-// One call's receive, on every thread of the grid. Block 0 zeroes the counts
+// Call n's receive, on every thread of the grid. Block 0 zeroes the counts
 // two calls on will add to. The receive's call number advances at the end,
-// and the send's where this launch ran the send too (`send_seq` nonzero).
+// and the send's (call send_n) where this launch ran the send too (`sent`).
 template <class Transport>
-__device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, const Transport& tr, uint32_t seq,
-                                          uint32_t send_seq) {
+__device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n,
+                                          uint64_t send_n, bool sent) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxGroupRanks];
   __shared__ uint32_t failed_sources[kRankWords], weightless_sources[kRankWords], live_bits[kRankWords];
   auto* fixed = reinterpret_cast<FixedArea*>(tr.local());
   const char* local = tr.local();
-  const int parity = static_cast<int>(seq & 1);
+  const uint32_t seq = call_tag(n);
+  const int parity = static_cast<int>(n & 1);
   const int R = p.group.num_ranks;
   // Every expert's count, not this call's E only: the call two on may have more experts than this one.
   constexpr int kCountWords = kLowLatencyMaxExperts / 4;
   if (blockIdx.x == 0) {
-    auto* next = reinterpret_cast<int4*>(fixed->counts[(seq + 2) % kCountSets]);
+    auto* next = reinterpret_cast<int4*>(fixed->counts[(n + 2) % kCountSets]);
     for (int i = threadIdx.x; i < kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
   }
   const PeerSet live = block_live_set(p.group.wait, R, p.group.rank, live_bits, failed_sources, weightless_sources);
-  const bool all_came = __syncthreads_and(
-      wait_for_sources(p, fixed, seq, parity, live, source_tokens, failed_sources, weightless_sources));
+  const bool all_came =
+      __syncthreads_and(wait_for_sources(p, fixed, n, live, source_tokens, failed_sources, weightless_sources));
   const bool failed = first_rank(failed_sources, R, -1) >= 0;
   if (all_came && !failed) {
-    scan_counts(fixed, seq % kCountSets, R, p.args.num_experts, p.args.num_max_tokens, source_tokens, first_row,
-                warp_sums);
+    scan_counts(fixed, static_cast<int>(n % kCountSets), R, p.args.num_experts, p.args.num_max_tokens, source_tokens,
+                first_row, warp_sums);
     write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
     write_token_entries(p, local, seq, parity, source_tokens);
     place_rows(p, local, seq, parity, first_row, source_tokens);
@@ -732,11 +734,11 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
                            p.group.wait.first_nvl_rank + peer, static_cast<int>(OpKind::kLowLatencyDispatch), 0, 0);
     write_plan_header(p, 1, 0);
   }
-  if (send_seq != 0)
-    advance_both(&fixed->local.dispatch_send, send_seq, &fixed->local.dispatch_recv, seq,
-                 &fixed->dispatch[send_seq & 1][p.group.rank].arrivals);
+  if (sent)
+    advance_both(&fixed->local.dispatch_send, send_n, &fixed->local.dispatch_recv, n,
+                 &fixed->dispatch[send_n & 1][p.group.rank].arrivals);
   else
-    finish_phase(&fixed->local.dispatch_recv, seq, [] {});
+    finish_phase(&fixed->local.dispatch_recv, n, [] {});
 }
 
 // Both phases in one launch only where every block of the grid is resident
@@ -749,13 +751,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
-  const uint32_t send_seq = phases & kPhaseSend ? call_number(&state->dispatch_send) : 0;
-  const uint32_t recv_seq = phases & kPhaseReceive ? call_number(&state->dispatch_recv) : 0;
+  const uint64_t send_n = phases & kPhaseSend ? call_number(&state->dispatch_send) : 0;
+  const uint64_t recv_n = phases & kPhaseReceive ? call_number(&state->dispatch_recv) : 0;
   if (phases & kPhaseSend) {
-    send_call(p, tr, send_seq);
-    if (!(phases & kPhaseReceive)) finish_phase(&state->dispatch_send, send_seq, [] {});
+    send_call(p, tr, send_n);
+    if (!(phases & kPhaseReceive)) finish_phase(&state->dispatch_send, send_n, [] {});
   }
-  if (phases & kPhaseReceive) recv_call(p, tr, recv_seq, send_seq);
+  if (phases & kPhaseReceive) recv_call(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0);
 }
 
 }  // namespace dispatch_body

@@ -7,6 +7,10 @@
 // (dispatch send / receive, combine send / receive) counts its own calls in
 // LocalState, and a call with number n uses the areas of parity n & 1. So a
 // graph replay, which cannot take a new number from the host, still gets one.
+// The numbers are 64-bit and never wrap; what a call writes for others to
+// match (bad-call words, message headers, tagged weights and chunk counts)
+// carries its 32-bit tag (call_tag), which is never 0, so memory that no call
+// has written matches no call.
 //
 // A sending block signals each destination on its own: once its stores are
 // out it adds to that destination's arrival counter for it (a release), and
@@ -38,18 +42,33 @@ inline constexpr int kScaleGroup = kLowLatencyScaleGroup;
 // More than any grid has blocks: block 0 adds the rest of it.
 inline constexpr uint32_t kArrivalsPerCall = 1u << 12;
 
-// What a source's counter reads once call `seq` of it has fully arrived (mod 2^32).
-__host__ __device__ constexpr uint32_t arrivals_after(uint32_t seq) {
-  return ((seq + 1) >> 1) * kArrivalsPerCall;
+// What a source's counter of call n's parity reads once call n of it has
+// fully arrived (mod 2^32: a parity's calls times kArrivalsPerCall).
+__host__ __device__ constexpr uint32_t arrivals_after(uint64_t n) {
+  return static_cast<uint32_t>(((n + 1) >> 1) * kArrivalsPerCall);
+}
+
+// Call n's tag: 1, 2, ..., 2^32 - 1, then 1 again. Never 0 (zeroed memory);
+// calls 2^32 - 1 apart share a tag but not a parity, so not the areas that
+// hold it. (n - 1) mod (2^32 - 1) by folding the halves (2^32 is 1 there),
+// not by a 64-bit division.
+__host__ __device__ constexpr uint32_t call_tag(uint64_t n) {
+  constexpr uint64_t kLow = 0xffffffffull;
+  const uint64_t x = n - 1;
+  uint64_t r = (x >> 32) + (x & kLow);  // below 2^33
+  r = (r >> 32) + (r & kLow);           // at most 2^32
+  return static_cast<uint32_t>(1 + (r >= kLow ? r - kLow : r));
 }
 
 // One phase's call counter, and the blocks of its current call that have
 // finished (where a launch runs one phase): the last one stores seq (the
 // call's number) and zeroes `done`.
 struct CallCounter {
-  uint32_t seq;
+  uint64_t seq;
   uint32_t done;
+  uint32_t pad;
 };
+static_assert(sizeof(CallCounter) == 16);
 
 // This rank's own; peers never touch it.
 struct LocalState {
