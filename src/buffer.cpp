@@ -140,8 +140,8 @@ void Buffer::low_latency_combine(const LowLatencyCombineArgs& args, LowLatencyPh
   low_latency::combine(state_->core, args, phase, stream);
 }
 
-void Buffer::clean_low_latency_buffer(cudaStream_t stream) {
-  low_latency::clean(state_->core, stream);
+void Buffer::clean_low_latency_buffer(cudaStream_t stream, uint64_t first_call) {
+  low_latency::clean(state_->core, stream, first_call);
 }
 
 void Buffer::update_mask(int rank, bool masked, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "turnout/bootstrap.hpp"
@@ -145,8 +146,9 @@ class Buffer {
   void low_latency_combine(const LowLatencyCombineArgs& args, LowLatencyPhase phase, cudaStream_t stream);
   // Collective: resets the low-latency region (after a failed call, say).
   // In shrink mode only the unmasked ranks meet, and one that does not come
-  // is masked.
-  void clean_low_latency_buffer(cudaStream_t stream);
+  // is masked. The next calls are numbered from first_call (every rank the
+  // same; other than 1 only to test numbers far from the start).
+  void clean_low_latency_buffer(cudaStream_t stream, uint64_t first_call = 1);
 
   // Shrink mode (enable_shrink): this rank's mask, one int32 per rank, 1 =
   // masked. A masked rank is neither sent to nor waited for: low-latency

@@ -91,9 +91,9 @@ nb::object low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_t
   return recorded(ring, s);
 }
 
-void clean_low_latency_buffer(Buffer& b, uintptr_t s, MaybeStream wait_for, MaybeStream join_to) {
+void clean_low_latency_buffer(Buffer& b, uintptr_t s, MaybeStream wait_for, MaybeStream join_to, uint64_t first_call) {
   join_before(b, s, wait_for);
-  b.clean_low_latency_buffer(stream(s));
+  b.clean_low_latency_buffer(stream(s), first_call);
   join_after(b, s, join_to);
 }
 
@@ -156,7 +156,8 @@ void bind_low_latency(nb::module_& m, BufferClass& buffer) {
       .def("low_latency_combine", &low_latency_combine, "x"_a, "num_tokens"_a, "num_topk"_a, "hidden"_a,
            "num_max_tokens"_a, "num_experts"_a, "topk_idx"_a, "topk_weights"_a, "plan"_a, "use_logfmt"_a, "out"_a,
            "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a, "ring"_a.none())
-      .def("clean_low_latency_buffer", &clean_low_latency_buffer, "stream"_a, "wait_for"_a, "join_to"_a);
+      .def("clean_low_latency_buffer", &clean_low_latency_buffer, "stream"_a, "wait_for"_a, "join_to"_a,
+           "first_call"_a = 1);
 }
 
 }  // namespace turnout::bindings

@@ -16,10 +16,11 @@ from turnout.ops.context import OpContext
 
 
 def binding_parameters(method):
-    """(name, type) of each parameter of a bound _C.Buffer method, from its signature."""
+    """(name, type) of each parameter of a bound _C.Buffer method, from its
+    signature (a default, " = 1", left off the type)."""
     doc = getattr(_C.Buffer, method).__doc__
     inside = re.match(rf"{method}\(self, (.*)\) -> ", doc).group(1)
-    return [tuple(p.split(": ")) for p in inside.split(", ")]
+    return [tuple(p.split(" = ")[0].split(": ")) for p in inside.split(", ")]
 
 
 class FakeEvent:

@@ -514,7 +514,7 @@ def test_clean_runs_on_the_comm_stream_joined_both_ways():
     ll.clean(context, M, H, E)
     method, call = context.native.calls[-1]
     assert method == "clean_low_latency_buffer"
-    assert call == {"stream": COMM_STREAM, "wait_for": CALLER_STREAM, "join_to": CALLER_STREAM}
+    assert call == {"stream": COMM_STREAM, "wait_for": CALLER_STREAM, "join_to": CALLER_STREAM, "first_call": 1}
     assert context.tail == CALLER_STREAM
     # After an op on another stream it waits for that stream too.
     context.tail = 0x3000
@@ -524,6 +524,19 @@ def test_clean_runs_on_the_comm_stream_joined_both_ways():
                        ((M, H, 10), "num_experts")]:
         with pytest.raises(ValueError, match=name):
             ll.clean(context, *args)
+
+
+def test_clean_can_restart_the_call_numbers_far_from_one():
+    """A test of the 32-bit tags' wrap starts the calls just below 2^32: the
+    number reaches the module as given; below 1 or above 64 bits it raises."""
+    context = make_context()
+    ll.clean(context, M, H, E, first_call=2**32 - 3)
+    assert context.native.calls[-1][1]["first_call"] == 2**32 - 3
+    for bad in (0, -1, 2**64):
+        with pytest.raises(ValueError, match="first_call"):
+            ll.clean(context, M, H, E, first_call=bad)
+    with pytest.raises(TypeError, match="first_call"):
+        ll.clean(context, M, H, E, first_call=1.5)
 
 
 def test_calls_on_a_buffer_without_low_latency_mode_say_so():

@@ -516,9 +516,12 @@ def get_next_combine_buffer(context: OpContext, handle) -> torch.Tensor:
     return outputs.combine_buffer
 
 
-def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int,
+          first_call: int = 1) -> None:
     """Buffer.clean_low_latency_buffer: a collective reset of the low-latency
-    region, on the communication stream, joined both ways."""
+    region, on the communication stream, joined both ways. The next calls are
+    numbered from ``first_call`` (every rank the same; other than 1 only in
+    tests of numbers far from the start, such as the 32-bit tags' wrap)."""
     op = "clean_low_latency_buffer"
     _state(context, op)
     check_int(op, "num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1, MAX_TOKENS)
@@ -526,5 +529,6 @@ def clean(context: OpContext, num_max_dispatch_tokens_per_rank: int, hidden: int
     if hidden % 8:
         fail(op, "hidden", "a multiple of 8", hidden)
     _check_experts(op, num_experts, context.num_ranks)
+    check_int(op, "first_call", first_call, 1, 2**64 - 1)
     with OpStreams(context, op, None, False, False) as streams:
-        context.native.clean_low_latency_buffer(context.comm_raw, streams.wait_for, streams.join_to)
+        context.native.clean_low_latency_buffer(context.comm_raw, streams.wait_for, streams.join_to, first_call)

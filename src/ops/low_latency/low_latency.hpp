@@ -25,8 +25,8 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
 // turnout/buffer.hpp), so that no peer waits for a kernel this rank skipped.
 void dispatch(BufferCore& core, const LowLatencyDispatchArgs& args, LowLatencyPhase phase, cudaStream_t stream);
 void combine(BufferCore& core, const LowLatencyCombineArgs& args, LowLatencyPhase phase, cudaStream_t stream);
-// Collective: every rank meets, the region past the call counters is zeroed,
-// every rank meets again.
-void clean(BufferCore& core, cudaStream_t stream);
+// Collective: every rank meets, the region is zeroed and its call numbers
+// start again at first_call, every rank meets again.
+void clean(BufferCore& core, cudaStream_t stream, uint64_t first_call);
 
 }  // namespace turnout::low_latency
