@@ -144,6 +144,10 @@ void Buffer::clean_low_latency_buffer(cudaStream_t stream, uint64_t first_call) 
   low_latency::clean(state_->core, stream, first_call);
 }
 
+std::array<uint64_t, 4> Buffer::low_latency_call_numbers() {
+  return low_latency::call_numbers(state_->core);
+}
+
 void Buffer::update_mask(int rank, bool masked, cudaStream_t stream) {
   state_->core.update_mask(rank, masked, stream);
 }

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -149,6 +150,10 @@ class Buffer {
   // is masked. The next calls are numbered from first_call (every rank the
   // same; other than 1 only to test numbers far from the start).
   void clean_low_latency_buffer(cudaStream_t stream, uint64_t first_call = 1);
+  // The number of the last finished call of each low-latency phase: dispatch
+  // send, dispatch receive, combine send, combine receive. A diagnostic: it
+  // copies from the GPU synchronously (no call of this buffer may run).
+  std::array<uint64_t, 4> low_latency_call_numbers();
 
   // Shrink mode (enable_shrink): this rank's mask, one int32 per rank, 1 =
   // masked. A masked rank is neither sent to nor waited for: low-latency

@@ -6,6 +6,7 @@
 //
 // A launch given an EventRing (an async_finish call) also records the ring's
 // next event on its stream and returns it; given None it returns None.
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 
 #include <string>
@@ -157,7 +158,8 @@ void bind_low_latency(nb::module_& m, BufferClass& buffer) {
            "num_max_tokens"_a, "num_experts"_a, "topk_idx"_a, "topk_weights"_a, "plan"_a, "use_logfmt"_a, "out"_a,
            "wait_recv_cost_stats"_a, "phase"_a, "stream"_a, "wait_for"_a, "ring"_a.none())
       .def("clean_low_latency_buffer", &clean_low_latency_buffer, "stream"_a, "wait_for"_a, "join_to"_a,
-           "first_call"_a = 1);
+           "first_call"_a = 1)
+      .def("low_latency_call_numbers", &Buffer::low_latency_call_numbers);
 }
 
 }  // namespace turnout::bindings

@@ -19,7 +19,8 @@
 extern "C" {
 #endif
 
-#define TURNOUT_NVSHMEM_API_VERSION 6
+/* 7: low-latency call counters of 64 bits (the fixed area's layout). */
+#define TURNOUT_NVSHMEM_API_VERSION 7
 /* The exported function's name, for dlsym. */
 #define TURNOUT_NVSHMEM_API_SYMBOL "turnout_nvshmem_api_v1"
 /* The size of NVSHMEM's unique id (nvshmemx_uniqueid_t). */

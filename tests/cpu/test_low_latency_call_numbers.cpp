@@ -29,7 +29,8 @@ TEST(LowLatencyCallNumbers, TagIsTheNumberUntilItsWrap) {
 TEST(LowLatencyCallNumbers, TagIsNeverZeroAndMatchesTheRemainder) {
   const uint64_t starts[] = {0xffff0000ull, 2 * kTagPeriod - 1000, 0x1'0000'0000ull * 3 - 500, 0xffffffffffff0000ull};
   for (uint64_t start : starts) {
-    for (uint64_t n = start; n < start + 70000; ++n) {
+    for (uint64_t i = 0; i < 70000; ++i) {
+      const uint64_t n = start + i;  // wraps past 2^64 - 1 for the last start, as the tag must too
       ASSERT_NE(ll::call_tag(n), 0u) << n;
       ASSERT_EQ(ll::call_tag(n), tag_by_division(n)) << n;
     }
@@ -53,6 +54,37 @@ TEST(LowLatencyCallNumbers, ArrivalTargetsStepByOneCallOfTheirParity) {
     EXPECT_EQ(ll::arrivals_after(n), static_cast<uint32_t>(((n + 1) / 2) * ll::kArrivalsPerCall)) << n;
   }
   EXPECT_EQ(ll::arrivals_after(0), 0u);
+}
+
+// clean_low_latency_buffer(first_call) sets every source's arrival counters
+// as calls 1..first_call - 1 left them: the next call of each parity then
+// waits for exactly one call's arrivals more.
+TEST(LowLatencyCallNumbers, ArrivalsThroughACallLeaveOneCallToTheNext) {
+  EXPECT_EQ(ll::arrivals_through(0, 0), 0u);
+  EXPECT_EQ(ll::arrivals_through(0, 1), 0u);
+  EXPECT_EQ(ll::arrivals_through(1, 1), ll::kArrivalsPerCall);
+  EXPECT_EQ(ll::arrivals_through(1, 0), 0u);
+  for (uint64_t first :
+       {2ull, 3ull, 4ull, 0xfffffffdull, 0xfffffffeull, 0x1'0000'0000ull, 0x1'fffffffcull, 0x1'fffffffdull}) {
+    const uint64_t last = first - 1;
+    for (uint64_t n = first; n < first + 6; ++n) {
+      // Before call n the counter of its parity holds the calls of that parity below n.
+      uint32_t counter = ll::arrivals_through(last, static_cast<int>(n & 1));
+      for (uint64_t m = first; m < n; ++m)
+        if ((m & 1) == (n & 1)) counter += ll::kArrivalsPerCall;
+      EXPECT_EQ(static_cast<uint32_t>(ll::arrivals_after(n) - counter), ll::kArrivalsPerCall) << first << " " << n;
+    }
+  }
+}
+
+// A restart's verdicts differ in their tag from the next call's, so its first
+// judge of each peer writes its own; 2^31, where a zeroed word would match, too.
+TEST(LowLatencyCallNumbers, VerdictAfterACallIsNotTheNextCalls) {
+  for (uint64_t last : {1ull, 2ull, 0x7fffffffull, 0x80000000ull, 0xfffffffeull, 0xffffffffull, 0x1'0000'0000ull}) {
+    const uint32_t verdict = ll::verdict_after(last);
+    EXPECT_EQ(verdict & 1u, 1u);
+    EXPECT_NE(verdict >> 1, ll::call_tag(last + 1) & 0x7fffffffu) << last;
+  }
 }
 
 TEST(LowLatencyCallNumbers, CountersHoldSixtyFourBits) {

@@ -2,13 +2,17 @@
 calls in 64 bits; what a call writes for others to match carries a 32-bit
 tag, 1 to 2^32 - 1 and around again, never 0. A buffer whose calls start just
 below a wrap (clean_low_latency_buffer with first_call, every rank alike)
-makes round trips across it, BF16 and FP8, weights at dispatch or combine,
-logfmt, a hooked dispatch, each against the host reference; then a bad expert
-id on one rank raises once on every rank, and the next round trip is right.
-Call 2^32 is where 32-bit numbers read 0 and matched zeroed memory."""
+makes round trips across it, BF16 and FP8, weights at dispatch or combine
+(each at the wrap in one of the starts), logfmt, a hooked dispatch, each
+against the host reference, and the phases' call numbers read back before and
+after; then a bad expert id on one rank raises once on every rank, and the
+next round trip is right. Call 2^32 is where 32-bit numbers read 0 and matched
+zeroed memory."""
+import numpy as np
 import torch
 from test_low_latency_errors import raised_once
 
+from harness import assert_equal
 from low_latency_cases import (
     LLCase,
     check_dispatch,
@@ -24,7 +28,8 @@ CASES = (LLCase("uniform", 32, 32, 2048, 8, 64, "bf16"), LLCase("holes", 32, 32,
 # Just below the tags' first wrap (call 2^32, tag 1 again) and their second
 # (call 2 (2^32 - 1) + 1); each start of either parity.
 STARTS = (2**32 - 3, 2 * (2**32 - 1) - 2)
-ROUND_TRIPS = 4
+# The fourth round trip of each start is the first past the wrap, the fifth the next.
+ROUND_TRIPS = 5
 
 
 def restart_calls(buf, case: LLCase, first_call: int) -> None:
@@ -32,6 +37,14 @@ def restart_calls(buf, case: LLCase, first_call: int) -> None:
 
     low_latency.clean(buf._context, case.max_tokens, case.hidden, case.experts, first_call=first_call)
     torch.cuda.synchronize()
+    assert_call_numbers(buf, first_call - 1, first_call - 1, "after the restart")
+
+
+def assert_call_numbers(buf, dispatched: int, combined: int, what: str) -> None:
+    """The last finished call of each phase: dispatch send and receive, combine send and receive."""
+    got = np.array(list(buf._native.low_latency_call_numbers()), dtype=np.uint64)
+    want = np.array([dispatched, dispatched, combined, combined], dtype=np.uint64)
+    assert_equal(got, want, f"call numbers {what}")
 
 
 def hooked_dispatch(ctx, buf, case: LLCase, n: int, what: str) -> None:
@@ -50,13 +63,14 @@ def test_round_trips_across_the_tag_wrap(ctx):
     if not cases:
         ctx.skip(f"no case fits {n} ranks: {[c.unfit(n) for c in CASES]}")
     with ctx.buffer(g, num_rdma_bytes=size_hint(cases, n), low_latency_mode=True) as buf:
-        for start in STARTS:
+        for s, start in enumerate(STARTS):
             for case in cases:
                 restart_calls(buf, case, start)
                 for i in range(ROUND_TRIPS):
                     what = f"n={n} {case}, calls from {start}, round trip {i}"
-                    round_trip(ctx, buf, case, n, what, weights_at_dispatch=i % 2 == 1, logfmt=i == 2)
+                    round_trip(ctx, buf, case, n, what, weights_at_dispatch=(i + s) % 2 == 1, logfmt=i == 2)
                 hooked_dispatch(ctx, buf, case, n, f"n={n} {case}, calls from {start}, hooked dispatch")
+                assert_call_numbers(buf, start + ROUND_TRIPS, start + ROUND_TRIPS - 1, f"n={n} {case} from {start}")
 
 
 test_round_trips_across_the_tag_wrap.timeout = 240

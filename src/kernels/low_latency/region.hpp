@@ -50,7 +50,9 @@ __host__ __device__ constexpr uint32_t arrivals_after(uint64_t n) {
 
 // Call n's tag: 1, 2, ..., 2^32 - 1, then 1 again. Never 0 (zeroed memory);
 // calls 2^32 - 1 apart share a tag but not a parity, so not the areas that
-// hold it. (n - 1) mod (2^32 - 1) by folding the halves (2^32 is 1 there),
+// hold it (calls 2 (2^32 - 1) apart share both: a slot left unwritten that
+// long could read as current, as one 2^32 calls old could with 32-bit
+// numbers). (n - 1) mod (2^32 - 1) by folding the halves (2^32 is 1 there),
 // not by a 64-bit division.
 __host__ __device__ constexpr uint32_t call_tag(uint64_t n) {
   constexpr uint64_t kLow = 0xffffffffull;
@@ -58,6 +60,18 @@ __host__ __device__ constexpr uint32_t call_tag(uint64_t n) {
   uint64_t r = (x >> 32) + (x & kLow);  // below 2^33
   r = (r >> 32) + (r & kLow);           // at most 2^32
   return static_cast<uint32_t>(1 + (r >= kLow ? r - kLow : r));
+}
+
+// A source's arrival counter of `parity` once its calls 1..last have run.
+__host__ __device__ constexpr uint32_t arrivals_through(uint64_t last, int parity) {
+  if (last == 0) return 0;
+  return arrivals_after((last & 1) == static_cast<uint64_t>(parity) ? last : last - 1);
+}
+
+// A shrink-mode verdict word (device/rank_mask.cuh: 31 bits of the tag, then
+// whether the peer counted) as call `last` left it, the peer counted.
+__host__ __device__ constexpr uint32_t verdict_after(uint64_t last) {
+  return (call_tag(last) & 0x7fffffffu) << 1 | 1u;
 }
 
 // One phase's call counter, and the blocks of its current call that have

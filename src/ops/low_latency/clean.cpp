@@ -1,5 +1,6 @@
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -13,19 +14,19 @@ namespace {
 namespace region = kernels::low_latency;
 
 // The zeroed fixed area as after call first_call - 1 of every phase: each
-// call counter holds that number, and each source's arrival counter of a
-// parity what that parity's calls up to it added. Nothing else of an earlier
-// call is needed to tell the next calls apart.
+// call counter holds that number, each source's arrival counter of a parity
+// what that parity's calls up to it added, and each shrink-mode verdict that
+// call's, counted (a zeroed verdict would read, at a tag of 2^31, as the first
+// call's, not counted). Nothing else of an earlier call is needed to tell the
+// next calls apart.
 void start_calls_at(void* fixed_area, uint64_t first_call, cudaStream_t stream) {
   const uint64_t last = first_call - 1;
   region::LocalState local{};
   for (region::CallCounter* c : {&local.dispatch_send, &local.dispatch_recv, &local.combine_send, &local.combine_recv})
     c->seq = last;
-  uint32_t arrivals[2];
-  for (int parity = 0; parity < 2; ++parity) {
-    const uint64_t of_parity = (last & 1) == static_cast<uint64_t>(parity) ? last : last - 1;
-    arrivals[parity] = region::arrivals_after(of_parity);
-  }
+  const uint32_t verdict = region::verdict_after(last);
+  for (int r = 0; r < region::kMaxGroupRanks; ++r) local.dispatch_verdict[r] = local.combine_verdict[r] = verdict;
+  const uint32_t arrivals[2] = {region::arrivals_through(last, 0), region::arrivals_through(last, 1)};
   std::vector<region::DispatchSignal> dispatch(2 * region::kMaxGroupRanks);
   std::vector<region::CombineSignal> combine(2 * region::kMaxGroupRanks);
   for (int i = 0; i < 2 * region::kMaxGroupRanks; ++i) {
@@ -44,6 +45,18 @@ void start_calls_at(void* fixed_area, uint64_t first_call, cudaStream_t stream) 
 }
 
 }  // namespace
+
+std::array<uint64_t, 4> call_numbers(BufferCore& core) {
+  const char* op = "low_latency_call_numbers";
+  core.require_alive(op);
+  if (!core.options().low_latency_mode)
+    throw InvalidArgument(std::string(op) + ": this buffer was created without low_latency_mode=True");
+  region::LocalState local;
+  TURNOUT_CUDA_CHECK(cudaMemcpy(&local,
+                                static_cast<const char*>(core.local_low_latency()) + offsetof(region::FixedArea, local),
+                                sizeof(local), cudaMemcpyDeviceToHost));
+  return {local.dispatch_send.seq, local.dispatch_recv.seq, local.combine_send.seq, local.combine_recv.seq};
+}
 
 void clean(BufferCore& core, cudaStream_t stream, uint64_t first_call) {
   const char* op = "clean_low_latency_buffer";

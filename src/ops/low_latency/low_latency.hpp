@@ -5,6 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstdint>
+
 #include "kernels/low_latency/launch.hpp"
 #include "ops/buffer_core.hpp"
 #include "turnout/low_latency.hpp"
@@ -28,5 +31,8 @@ void combine(BufferCore& core, const LowLatencyCombineArgs& args, LowLatencyPhas
 // Collective: every rank meets, the region is zeroed and its call numbers
 // start again at first_call, every rank meets again.
 void clean(BufferCore& core, cudaStream_t stream, uint64_t first_call);
+// The number of the last call of each phase that finished (dispatch send,
+// dispatch receive, combine send, combine receive); a synchronous copy.
+std::array<uint64_t, 4> call_numbers(BufferCore& core);
 
 }  // namespace turnout::low_latency
