@@ -246,14 +246,22 @@ def stream_calls(buf):
 
 
 @pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
-def test_a_native_call_that_raises_leaves_the_callers_stream_as_it_is(call):
-    """A plain op queues its work on the caller's stream alone: nothing to join back."""
+def test_a_native_call_that_raises_leaves_the_callers_stream_as_it_is(call, caller_stream):
+    """A plain op queues its work on the caller's stream alone: nothing to join
+    back. Issued on another stream than the last op's, that stream waited for
+    it before the call, so it is the tail even though the call failed."""
     buf = buffer_on(FAST)
     calls = plain_calls(buf, Inputs(buf))
     buf._context.native.fail_next = RuntimeError("raised by the native call")
     with pytest.raises(RuntimeError, match="raised by the native call"):
         calls[call]()
     assert stream_calls(buf) == [] and buf._context.tail == CALLER_STREAM
+    caller_stream[0] = 0x3000
+    buf._context.native.fail_next = RuntimeError("raised by the native call")
+    with pytest.raises(RuntimeError, match="raised by the native call"):
+        calls[call]()
+    assert stream_calls(buf) == [("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})]
+    assert buf._context.tail == 0x3000
 
 
 @pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
