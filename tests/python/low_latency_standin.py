@@ -120,9 +120,12 @@ class NativeStandIn:
     def join(self, waiter, waited):
         self.calls.append(("join", {"waiter": waiter, "waited": waited}))
 
+    # What follow returns: False as the module does across a capture's boundary.
+    follow_waits = True
+
     def follow(self, waiter, waited):
         self.calls.append(("follow", {"waiter": waiter, "waited": waited}))
-        return True
+        return self.follow_waits
 
     def destroy(self):
         self.destroyed = True

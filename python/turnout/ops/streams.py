@@ -19,14 +19,20 @@ from .context import OpContext, require_alive
 
 
 def follow(context: OpContext, stream: int) -> None:
-    """Before an op issued on ``stream``: waits for the buffer's last op,
-    which was issued on another stream, and makes ``stream`` the tail. The
-    callers test ``context.tail != stream`` first, the common case inline."""
+    """Before an op issued on ``stream`` (the caller's current stream): waits
+    for the buffer's last op, which was issued on another stream, and makes
+    ``stream`` the tail. The callers test ``context.tail != stream`` first,
+    the common case inline.
+
+    Across a CUDA-graph capture's boundary the native call skips the wait (a
+    capture may not wait on work outside it). The tail stays the eager one
+    then: an op being captured does not become it, so the next eager op
+    still waits for the last eager one, while an eager op after a captured
+    one does. What orders a graph's replay against eager ops of the buffer is
+    the stream it is launched on, as in DeepEP."""
     tail = context.tail
-    if tail is not None:
-        # Skipped natively across a capture's boundary: a capture may not wait
-        # on work outside it, and the graph's launch orders it after that work.
-        context.native.follow(stream, tail)
+    if tail is not None and not context.native.follow(stream, tail) and torch.cuda.is_current_stream_capturing():
+        return
     context.tail = stream
 
 
@@ -96,11 +102,16 @@ class OpStreams:
             self.unwind()
 
     def unwind(self) -> None:
-        """After an error inside the block: the streams as they were before the op."""
+        """After an error inside the block: the streams as they were before the
+        op, and the caller's stream the tail: it waits for the communication
+        stream here, and it or the communication stream waited for the old
+        tail (an op that failed before its first native call never made the
+        communication stream wait for the caller's)."""
         if self._compute is not None:
             torch.cuda.set_stream(self._compute)
         # The caller's stream may not have been joined back by the op's last call.
         self._context.native.join(self._compute_raw, self._context.comm_raw)
+        self._context.tail = self._compute_raw
 
     def finish(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
         """The op's EventOverlap, after its launches; ``tensors``: its inputs and outputs."""
