@@ -36,6 +36,25 @@ def follow(context: OpContext, stream: int) -> None:
     context.tail = stream
 
 
+def normal_op_streams(context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
+                      allocate_on_comm_stream: bool) -> Tuple[Optional["OpStreams"], Optional[int], Optional[int], int]:
+    """A normal op's ``(streams, wait_for, join_to, stream)``: a plain op (no
+    previous_event, async_finish or allocate_on_comm_stream) makes no
+    OpStreams and runs on the caller's stream, after the buffer's last op,
+    with no joins; the others make an OpStreams and run on the communication
+    stream."""
+    if previous_event is None and not async_finish and not allocate_on_comm_stream:
+        native = context.native
+        if native.destroyed:
+            require_alive(native, op)
+        stream = current_raw_stream(context.device_index)
+        if context.tail != stream:
+            follow(context, stream)
+        return None, None, None, stream
+    streams = OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
+    return streams, streams.wait_for, streams.join_to, context.comm_raw
+
+
 def unwind(context: OpContext, streams: Optional["OpStreams"]) -> None:
     """After an op failed part way: the streams as they were before it.
     ``streams`` is the op's OpStreams, or None for a plain op, which queued
