@@ -440,7 +440,8 @@ bool BufferCore::follow(cudaStream_t waiter, cudaStream_t waited) {
   TURNOUT_CUDA_CHECK(cudaStreamGetCaptureInfo(waiter, &waiter_status, &waiter_id));
   TURNOUT_CUDA_CHECK(cudaStreamGetCaptureInfo(waited, &waited_status, &waited_id));
   // A wait across a capture's boundary is an error (a capture waiting on work
-  // outside it) or pulls eager work into a graph; the graph's launch orders it.
+  // outside it) or pulls eager work into a graph; the stream a replay is
+  // launched on orders it.
   if (waiter_status != waited_status || waiter_status == cudaStreamCaptureStatusInvalidated) return false;
   if (waiter_status == cudaStreamCaptureStatusActive && waiter_id != waited_id) return false;
   join(waiter, waited);

@@ -246,14 +246,22 @@ def stream_calls(buf):
 
 
 @pytest.mark.parametrize("call", ["layout", "worst", "waited", "cached", "combine"])
-def test_a_native_call_that_raises_leaves_the_callers_stream_as_it_is(call):
-    """A plain op queues its work on the caller's stream alone: nothing to join back."""
+def test_a_native_call_that_raises_leaves_the_callers_stream_as_it_is(call, caller_stream):
+    """A plain op queues its work on the caller's stream alone: nothing to join
+    back. Issued on another stream than the last op's, that stream waited for
+    it before the call, so it is the tail even though the call failed."""
     buf = buffer_on(FAST)
     calls = plain_calls(buf, Inputs(buf))
     buf._context.native.fail_next = RuntimeError("raised by the native call")
     with pytest.raises(RuntimeError, match="raised by the native call"):
         calls[call]()
     assert stream_calls(buf) == [] and buf._context.tail == CALLER_STREAM
+    caller_stream[0] = 0x3000
+    buf._context.native.fail_next = RuntimeError("raised by the native call")
+    with pytest.raises(RuntimeError, match="raised by the native call"):
+        calls[call]()
+    assert stream_calls(buf) == [("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})]
+    assert buf._context.tail == 0x3000
 
 
 @pytest.mark.parametrize("device_index", [FAST, FULL], ids=["fast path", "full checks"])
@@ -309,3 +317,87 @@ def test_an_op_on_the_comm_stream_waits_for_the_plain_ones(caller_stream):
     ops = streams_module.OpStreams(context, "dispatch", PreviousEvent(), False, False)
     assert stream_calls(buf)[-1] == ("follow", {"waiter": 0x2000, "waited": CALLER_STREAM})
     assert ops.wait_for is None and ops.join_to == CALLER_STREAM and context.tail == CALLER_STREAM
+
+
+def test_an_op_being_captured_does_not_become_the_eager_tail(caller_stream, monkeypatch):
+    """Eager on the caller's stream, then an op captured on another: the
+    native follow skips the wait (the capture's boundary) and the eager tail
+    stays, so the next eager op on a third stream waits for the first."""
+    buf = buffer_on(FAST)
+    calls = plain_calls(buf, Inputs(buf))
+    context = buf._context
+    assert context.tail == CALLER_STREAM
+    context.native.follow_waits = False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    caller_stream[0] = 0x3000
+    calls["layout"]()
+    assert stream_calls(buf)[-1] == ("follow", {"waiter": 0x3000, "waited": CALLER_STREAM})
+    assert context.tail == CALLER_STREAM, "the captured op left the eager tail as it was"
+    context.native.follow_waits = True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    caller_stream[0] = 0x4000
+    calls["layout"]()
+    assert stream_calls(buf)[-1] == ("follow", {"waiter": 0x4000, "waited": CALLER_STREAM})
+    assert context.tail == 0x4000
+
+
+def test_an_eager_op_after_a_captured_tail_becomes_the_tail(caller_stream, monkeypatch):
+    """The tail a capture left (the buffer's first op was captured): an eager
+    op whose wait on it was skipped becomes the tail, so eager ops on other
+    streams wait for it, not for the capture."""
+    buf = buffer_on(FAST)
+    calls = plain_calls(buf, Inputs(buf))
+    context = buf._context
+    context.tail = 0x5000  # a stream still capturing
+    context.native.follow_waits = False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    calls["layout"]()
+    assert stream_calls(buf)[-1] == ("follow", {"waiter": CALLER_STREAM, "waited": 0x5000})
+    assert context.tail == CALLER_STREAM
+
+
+@pytest.mark.parametrize("tail", [CALLER_STREAM, 0x3000, 0x2000], ids=["caller", "another stream", "comm"])
+def test_an_async_op_that_fails_before_its_native_call_leaves_the_callers_stream_the_tail(tail, caller_stream):
+    """An async op sets the comm stream as the tail up front; failing before
+    its first native call (an allocation, say), the comm stream never waited
+    for the caller's: unwind makes the caller's stream wait for the comm
+    stream and the caller's stream the tail, which is after both."""
+    buf = buffer_on(FAST)
+    context = buf._context
+    context.tail = tail
+    with pytest.raises(MemoryError):
+        with streams_module.OpStreams(context, "dispatch", None, True, False):
+            assert context.tail == 0x2000
+            raise MemoryError("an allocation failed")
+    assert stream_calls(buf)[-1] == ("join", {"waiter": CALLER_STREAM, "waited": 0x2000})
+    assert context.tail == CALLER_STREAM
+    if tail == 0x3000:
+        assert ("follow", {"waiter": 0x2000, "waited": 0x3000}) in stream_calls(buf)
+
+
+class NoEvent:
+    """torch.cuda.Event without a GPU: nothing to record."""
+
+    def record(self, stream):
+        pass
+
+
+@pytest.mark.parametrize("async_finish", [True, False])
+def test_an_op_on_the_comm_stream_in_a_capture_leaves_the_eager_tail(async_finish, monkeypatch):
+    """previous_event or async_finish inside a capture: the op's streams are
+    the capture's, so its finish puts the eager tail back; eager, the tail is
+    the comm stream (async) or the caller's."""
+    buf = buffer_on(FAST)
+    context = buf._context
+    context.tail = 0x3000
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    previous = None if async_finish else PreviousEvent()
+    ops = streams_module.OpStreams(context, "dispatch", previous, async_finish, False)
+    ops.join_to = None
+    monkeypatch.setattr(torch.cuda, "Event", NoEvent)
+    ops.finish(())
+    assert context.tail == 0x3000
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ops = streams_module.OpStreams(context, "dispatch", previous, async_finish, False)
+    ops.finish(())
+    assert context.tail == (0x2000 if async_finish else CALLER_STREAM)

@@ -19,15 +19,40 @@ from .context import OpContext, require_alive
 
 
 def follow(context: OpContext, stream: int) -> None:
-    """Before an op issued on ``stream``: waits for the buffer's last op,
-    which was issued on another stream, and makes ``stream`` the tail. The
-    callers test ``context.tail != stream`` first, the common case inline."""
+    """Before an op issued on ``stream`` (the caller's current stream): waits
+    for the buffer's last op, which was issued on another stream, and makes
+    ``stream`` the tail. The callers test ``context.tail != stream`` first,
+    the common case inline.
+
+    Across a CUDA-graph capture's boundary the native call skips the wait (a
+    capture may not wait on work outside it). The tail stays the eager one
+    then: an op being captured does not become it, so the next eager op
+    still waits for the last eager one, while an eager op after a captured
+    one does. What orders a graph's replay against eager ops of the buffer is
+    the stream it is launched on, as in DeepEP."""
     tail = context.tail
-    if tail is not None:
-        # Skipped natively across a capture's boundary: a capture may not wait
-        # on work outside it, and the graph's launch orders it after that work.
-        context.native.follow(stream, tail)
+    if tail is not None and not context.native.follow(stream, tail) and torch.cuda.is_current_stream_capturing():
+        return
     context.tail = stream
+
+
+def normal_op_streams(context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
+                      allocate_on_comm_stream: bool) -> Tuple[Optional["OpStreams"], Optional[int], Optional[int], int]:
+    """A normal op's ``(streams, wait_for, join_to, stream)``: a plain op (no
+    previous_event, async_finish or allocate_on_comm_stream) makes no
+    OpStreams and runs on the caller's stream, after the buffer's last op,
+    with no joins; the others make an OpStreams and run on the communication
+    stream."""
+    if previous_event is None and not async_finish and not allocate_on_comm_stream:
+        native = context.native
+        if native.destroyed:
+            require_alive(native, op)
+        stream = current_raw_stream(context.device_index)
+        if context.tail != stream:
+            follow(context, stream)
+        return None, None, None, stream
+    streams = OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
+    return streams, streams.wait_for, streams.join_to, context.comm_raw
 
 
 def unwind(context: OpContext, streams: Optional["OpStreams"]) -> None:
@@ -53,7 +78,7 @@ class OpStreams:
     allocate_on_comm_stream torch allocates on the communication stream inside
     the block. An error inside the block puts the streams back as they were."""
 
-    __slots__ = ("_context", "_compute_raw", "_compute", "_async_finish", "wait_for", "join_to")
+    __slots__ = ("_context", "_compute_raw", "_compute", "_async_finish", "_eager_tail", "wait_for", "join_to")
 
     def __init__(self, context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
                  allocate_on_comm_stream: bool) -> None:
@@ -82,6 +107,7 @@ class OpStreams:
         if tail is not None and tail != comm_raw and (tail != compute_raw or self.wait_for is None):
             context.native.follow(comm_raw, tail)
         # Without async_finish the caller's stream waits for the op after it (or unwind does).
+        self._eager_tail = tail
         context.tail = comm_raw if async_finish else compute_raw
         self._context = context
         self._compute_raw = compute_raw
@@ -96,17 +122,25 @@ class OpStreams:
             self.unwind()
 
     def unwind(self) -> None:
-        """After an error inside the block: the streams as they were before the op."""
+        """After an error inside the block: the streams as they were before the
+        op, and the caller's stream the tail: it waits for the communication
+        stream here, and it or the communication stream waited for the old
+        tail (an op that failed before its first native call never made the
+        communication stream wait for the caller's)."""
         if self._compute is not None:
             torch.cuda.set_stream(self._compute)
         # The caller's stream may not have been joined back by the op's last call.
         self._context.native.join(self._compute_raw, self._context.comm_raw)
+        self._context.tail = self._compute_raw
 
     def finish(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> EventOverlap:
         """The op's EventOverlap, after its launches; ``tensors``: its inputs and outputs."""
         compute = self._compute
         if compute is not None:
             torch.cuda.set_stream(compute)
+        if torch.cuda.is_current_stream_capturing():
+            # A captured op is no step of the eager order: the tail stays the eager one.
+            self._context.tail = self._eager_tail
         if not self._async_finish:
             return EventOverlap()
         comm_stream = self._context.comm_stream
