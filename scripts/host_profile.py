@@ -85,7 +85,7 @@ def make_buffer() -> Buffer:
     context = standin.make_context(num_ranks=RANKS, device_index=-1)
     context.native = IdleNative()
     ll.current_raw_stream = lambda device_index: standin.CALLER_STREAM
-    ll.stream_capturing = lambda: False
+    torch.cuda.is_current_stream_capturing = lambda: False
     buffer = Buffer.__new__(Buffer)
     buffer._context, buffer._native, buffer.group_size = context, context.native, RANKS
     streams.current_raw_stream = ll.current_raw_stream

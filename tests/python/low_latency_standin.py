@@ -170,8 +170,9 @@ COMM_STREAM = 0x2000
 
 def patch_streams(monkeypatch):
     """Makes the ops (and EventOverlap) read the caller's stream from a list
-    (tests change it there); returns the list."""
+    (tests change it there), which is not capturing; returns the list."""
     current = [CALLER_STREAM]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(ll, "current_raw_stream", lambda device_index: current[0])
     monkeypatch.setattr(streams, "current_raw_stream", lambda device_index: current[0])
     monkeypatch.setattr(event, "current_stream_handle", lambda: current[0])

@@ -488,6 +488,30 @@ def test_an_async_call_inside_a_graph_capture_neither_queries_nor_queues(monkeyp
     assert events[0].queries == 0 and [e for e, _ in state.pending] == events[:every]
 
 
+def test_an_async_call_in_a_capture_leaves_the_eager_tail():
+    """A captured async call is no step of the eager order: the tail stays the
+    stream of the last eager op; an eager one makes it the comm stream."""
+    context = make_context()
+    context.tail = 0x3000
+    context.low_latency.ring.captured = True
+    dispatch(context, *inputs(), async_finish=True)
+    assert ("follow", {"waiter": COMM_STREAM, "waited": 0x3000}) in context.native.calls
+    assert context.tail == 0x3000
+    context.low_latency.ring.captured = False
+    dispatch(context, *inputs(), async_finish=True)
+    assert context.tail == COMM_STREAM
+
+
+def test_an_async_launch_that_raises_leaves_the_callers_stream_the_tail():
+    context = make_context()
+    context.tail = 0x3000
+    context.native.fail_next = RuntimeError("raised after the launch")
+    with pytest.raises(RuntimeError, match="raised after the launch"):
+        dispatch(context, *inputs(), async_finish=True)
+    assert context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
+    assert context.tail == CALLER_STREAM
+
+
 def test_previous_event_may_be_a_low_latency_event():
     """A normal op after an async_finish low-latency one: the communication
     stream waits for the native event by its raw handle."""

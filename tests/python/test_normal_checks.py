@@ -373,3 +373,31 @@ def test_an_async_op_that_fails_before_its_native_call_leaves_the_callers_stream
     assert context.tail == CALLER_STREAM
     if tail == 0x3000:
         assert ("follow", {"waiter": 0x2000, "waited": 0x3000}) in stream_calls(buf)
+
+
+class NoEvent:
+    """torch.cuda.Event without a GPU: nothing to record."""
+
+    def record(self, stream):
+        pass
+
+
+@pytest.mark.parametrize("async_finish", [True, False])
+def test_an_op_on_the_comm_stream_in_a_capture_leaves_the_eager_tail(async_finish, monkeypatch):
+    """previous_event or async_finish inside a capture: the op's streams are
+    the capture's, so its finish puts the eager tail back; eager, the tail is
+    the comm stream (async) or the caller's."""
+    buf = buffer_on(FAST)
+    context = buf._context
+    context.tail = 0x3000
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    previous = None if async_finish else PreviousEvent()
+    ops = streams_module.OpStreams(context, "dispatch", previous, async_finish, False)
+    ops.join_to = None
+    monkeypatch.setattr(torch.cuda, "Event", NoEvent)
+    ops.finish(())
+    assert context.tail == 0x3000
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ops = streams_module.OpStreams(context, "dispatch", previous, async_finish, False)
+    ops.finish(())
+    assert context.tail == (0x2000 if async_finish else CALLER_STREAM)

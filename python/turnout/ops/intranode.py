@@ -15,7 +15,7 @@ import torch
 from ..checks import TOPK_IDX_DTYPE, check_aligned, check_int, check_tensor, check_x, fail, is_plain, is_plain_nd
 from ..event import EventOverlap
 from . import streams as op_streams
-from .context import OpContext, require_alive
+from .context import OpContext
 from .handle import DispatchHandle, check_handle, new_handle
 
 # Read once: module attribute lookups on the hot path cost.
@@ -148,16 +148,8 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
         num_scales = stride_token = stride_group = scales_ptr = 0
 
     native = context.native
-    if previous_event is None and not async_finish and not allocate_on_comm_stream:
-        if native.destroyed:
-            require_alive(native, op)
-        streams = wait_for = join_to = None
-        stream = op_streams.current_raw_stream(index)
-        if context.tail != stream:
-            op_streams.follow(context, stream)
-    else:
-        streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
+    streams, wait_for, join_to, stream = op_streams.normal_op_streams(context, op, previous_event, async_finish,
+                                                                      allocate_on_comm_stream)
     try:
         x_ptr, in_rank_ptr = data.data_ptr(), is_token_in_rank.data_ptr()
         recv_topk_idx = recv_topk_weights = source_num_tokens = recv_src_idx = recv_scales = None
@@ -274,16 +266,8 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
     biases = [] if bias is None else _checked_biases(context, op, bias, num_tokens, hidden)
 
     native = context.native
-    if previous_event is None and not async_finish and not allocate_on_comm_stream:
-        if native.destroyed:
-            require_alive(native, op)
-        streams = wait_for = join_to = None
-        stream = op_streams.current_raw_stream(index)
-        if context.tail != stream:
-            op_streams.follow(context, stream)
-    else:
-        streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
+    streams, wait_for, join_to, stream = op_streams.normal_op_streams(context, op, previous_event, async_finish,
+                                                                      allocate_on_comm_stream)
     try:
         # new_empty of the checked inputs of their dtypes: fewer arguments to parse than torch.empty.
         combined_x = x.new_empty(num_tokens, hidden)

@@ -7,7 +7,7 @@ import torch
 from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail, is_plain_nd
 from ..event import EventOverlap
 from . import streams as op_streams
-from .context import OpContext, require_alive
+from .context import OpContext
 
 _I32 = torch.int32
 _BOOL = torch.bool
@@ -30,16 +30,8 @@ def get_dispatch_layout(context: OpContext, topk_idx: torch.Tensor, num_experts:
     has_rdma = num_rdma_ranks > 1
     native = context.native
     # A plain call makes no OpStreams: it runs on the caller's stream, after the buffer's last op.
-    if previous_event is None and not async_finish and not allocate_on_comm_stream:
-        if native.destroyed:
-            require_alive(native, op)
-        streams = wait_for = join_to = None
-        stream = op_streams.current_raw_stream(context.device_index)
-        if context.tail != stream:
-            op_streams.follow(context, stream)
-    else:
-        streams = op_streams.OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
-        wait_for, join_to, stream = streams.wait_for, streams.join_to, context.comm_raw
+    streams, wait_for, join_to, stream = op_streams.normal_op_streams(context, op, previous_event, async_finish,
+                                                                      allocate_on_comm_stream)
     try:
         # An allocation per output, each new_empty of the checked topk_idx: cheaper
         # than torch.empty's arguments, or one allocation split in several.

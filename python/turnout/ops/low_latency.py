@@ -398,17 +398,22 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
         event = launch(*args, _SEND_AND_RECEIVE, comm, caller, ring)
     except BaseException:
         # A launch that raises may have queued work first: the caller's stream
-        # must not run ahead of it (nor free what it reads).
+        # must not run ahead of it (nor free what it reads), and so follows
+        # every op before: it is the tail.
         context.native.join(waiter=caller, waited=comm)
+        context.tail = caller
         raise
     # Inside a capture the graph's replays, not this queue, decide how long
     # the tensors are needed, and its events cannot be queried (the ring saw
-    # whether its stream was capturing).
+    # whether its stream was capturing). Nor is a captured op a step of the
+    # eager order: the tail stays the eager one.
     if not ring.captured:
         pending = state.pending
         if not len(pending) % RELEASE_EVERY:
             state.release_finished()
         pending.append((event, tensors))
+    else:
+        context.tail = tail
     return EventOverlap(event, tensors)
 
 

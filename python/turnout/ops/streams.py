@@ -36,6 +36,25 @@ def follow(context: OpContext, stream: int) -> None:
     context.tail = stream
 
 
+def normal_op_streams(context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
+                      allocate_on_comm_stream: bool) -> Tuple[Optional["OpStreams"], Optional[int], Optional[int], int]:
+    """A normal op's ``(streams, wait_for, join_to, stream)``: a plain op (no
+    previous_event, async_finish or allocate_on_comm_stream) makes no
+    OpStreams and runs on the caller's stream, after the buffer's last op,
+    with no joins; the others make an OpStreams and run on the communication
+    stream."""
+    if previous_event is None and not async_finish and not allocate_on_comm_stream:
+        native = context.native
+        if native.destroyed:
+            require_alive(native, op)
+        stream = current_raw_stream(context.device_index)
+        if context.tail != stream:
+            follow(context, stream)
+        return None, None, None, stream
+    streams = OpStreams(context, op, previous_event, async_finish, allocate_on_comm_stream)
+    return streams, streams.wait_for, streams.join_to, context.comm_raw
+
+
 def unwind(context: OpContext, streams: Optional["OpStreams"]) -> None:
     """After an op failed part way: the streams as they were before it.
     ``streams`` is the op's OpStreams, or None for a plain op, which queued
@@ -59,7 +78,7 @@ class OpStreams:
     allocate_on_comm_stream torch allocates on the communication stream inside
     the block. An error inside the block puts the streams back as they were."""
 
-    __slots__ = ("_context", "_compute_raw", "_compute", "_async_finish", "wait_for", "join_to")
+    __slots__ = ("_context", "_compute_raw", "_compute", "_async_finish", "_eager_tail", "wait_for", "join_to")
 
     def __init__(self, context: OpContext, op: str, previous_event: Optional[EventOverlap], async_finish: bool,
                  allocate_on_comm_stream: bool) -> None:
@@ -88,6 +107,7 @@ class OpStreams:
         if tail is not None and tail != comm_raw and (tail != compute_raw or self.wait_for is None):
             context.native.follow(comm_raw, tail)
         # Without async_finish the caller's stream waits for the op after it (or unwind does).
+        self._eager_tail = tail
         context.tail = comm_raw if async_finish else compute_raw
         self._context = context
         self._compute_raw = compute_raw
@@ -118,6 +138,9 @@ class OpStreams:
         compute = self._compute
         if compute is not None:
             torch.cuda.set_stream(compute)
+        if torch.cuda.is_current_stream_capturing():
+            # A captured op is no step of the eager order: the tail stays the eager one.
+            self._context.tail = self._eager_tail
         if not self._async_finish:
             return EventOverlap()
         comm_stream = self._context.comm_stream
