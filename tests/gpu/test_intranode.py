@@ -1,6 +1,7 @@
 """Intranode dispatch and combine against the host reference: routings of
 every shape, BF16 and FP8, with and without top-k, the stream options, cached
-dispatch, determinism, and num_worst_tokens in a CUDA graph."""
+dispatch, determinism, the ops of one buffer on two streams ordering
+themselves, and num_worst_tokens in a CUDA graph."""
 import torch
 
 import turnout
@@ -73,6 +74,38 @@ def test_stream_options_and_cached_dispatch(ctx):
 
 
 test_stream_options_and_cached_dispatch.timeout = 300
+
+
+def test_ops_on_two_streams_order_themselves(ctx):
+    """The ops of one buffer issued on two side streams in turn, the test
+    joining neither: each layout and dispatch on one, its combine (of the
+    dispatch's outputs) on the other, then the other way round. The buffer
+    makes each op's stream wait for the last op's, so every result matches
+    the reference once the GPU is synchronized at the end. Without that
+    order a combine would read a dispatch's outputs before they were written,
+    or two ops would use the buffer's region at once."""
+    cases = (Case("uniform", 1024, 2048, 8, 64, biases=1), Case("holes", 512, 4096, 8, 64, fp8=True))
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(4096, n)) as buf:
+            streams = (torch.cuda.Stream(), torch.cuda.Stream())
+            torch.cuda.synchronize()
+            rounds = []
+            for i in range(6):
+                case = cases[i % 2]
+                inputs = [inputs_of(case, n, r) for r in range(n)]
+                with torch.cuda.stream(streams[i % 2]):
+                    out = dispatch(buf, case, inputs[ctx.rank], ctx.device)
+                with torch.cuda.stream(streams[1 - i % 2]):
+                    back = combine(buf, case, n, ctx.rank, out, ctx.device)
+                rounds.append((case, inputs, out, back))
+            torch.cuda.synchronize()
+            for i, (case, inputs, out, back) in enumerate(rounds):
+                refs = reference_dispatch(case, n, inputs, only_rank=ctx.rank)
+                check_dispatch(out, refs[ctx.rank], case, f"n={n} round {i}: dispatch")
+                check_combine(back, reference_combine(case, n, refs, ctx.rank), case, f"n={n} round {i}: combine")
+
+
+test_ops_on_two_streams_order_themselves.timeout = 300
 
 
 def test_same_seed_gives_same_bits(ctx):
