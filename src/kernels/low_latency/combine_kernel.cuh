@@ -39,6 +39,7 @@
 #include "kernels/low_latency/logfmt.cuh"
 #include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/region.hpp"
+#include "kernels/low_latency/stamps.cuh"
 #include "kernels/low_latency/transport.cuh"
 #include "turnout/error.hpp"
 
@@ -383,6 +384,7 @@ __device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, cons
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   const int misfit = plan_misfit(header, p.args, g.num_ranks);
   const bool dispatch_weights = header.has_weights != 0;
+  stamp(2, false, misfit);
   if (misfit != 0) {
     for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < g.num_ranks; d += kThreads)
       if (live.has(d)) tr.set_word(d, signal + offsetof(CombineSignal, bad_call), seq);
@@ -398,10 +400,13 @@ __device__ __forceinline__ void send_call(const LowLatencyCombineParams& p, cons
         __syncthreads();
         if (publisher) publish_weights(p, tr, seq, parity, 0, 1, live);
       }
+      stamp(3);
     }
     send_rows<kLogfmt>(p, tr, seq, parity, dispatch_weights, live, stage + threadIdx.x / 32 * kStageBytes);
+    stamp(4);
   }
   arrive_at_peers(tr, g.num_ranks, signal + offsetof(CombineSignal, arrivals), live);
+  stamp(5);
 }
 
 // ---------------------------------------------------------------------------
@@ -523,13 +528,15 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
       a.wait_recv_cost_stats[d] += static_cast<int64_t>(device::global_timer_ns() - start);
   }
   const bool all_arrived = __syncthreads_and(arrived) != 0;
+  stamp(6);
   const int failed_rank = first_rank(failed_bits, g.num_ranks, -1);
   const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   // A misfit plan is this rank's own error: its send recorded it.
   const int misfit = plan_misfit(header, a, g.num_ranks);
-  if (all_arrived && failed_rank < 0 && misfit == 0)
+  if (all_arrived && failed_rank < 0 && misfit == 0) {
     reduce_tokens<kLogfmt>(p, tr.local(), parity, PeerSet{counted_bits});
-  else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
+    stamp(7);
+  } else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
                          g.wait.first_nvl_rank + failed_rank, static_cast<int>(OpKind::kLowLatencyCombine), 0, 0);
   if (sent)
@@ -547,11 +554,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ LowLatencyCombineParams p, const int phases) {
   __shared__ void* table[kSharedRegionTable];
   __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
+  stamp_start();
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
   const uint64_t send_n = phases & kPhaseSend ? call_number(&state->combine_send) : 0;
   const uint64_t recv_n = phases & kPhaseReceive ? call_number(&state->combine_recv) : 0;
+  stamp(1, false, send_n + recv_n);
   if (phases & kPhaseSend) {
     const bool fused = (phases & kPhaseReceive) != 0;
     send_call<kLogfmt>(p, tr, send_n, fused, stage);
@@ -561,6 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       });
   }
   if (phases & kPhaseReceive) recv_call<kLogfmt>(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0);
+  print_stamps("combine", p.group.rank, phases & kPhaseSend ? send_n : recv_n, phases);
 }
 
 template <bool kLogfmt, class Transport>

@@ -40,6 +40,7 @@
 #include "kernels/low_latency/call_counter.cuh"
 #include "kernels/low_latency/launch.hpp"
 #include "kernels/low_latency/peer_set.cuh"
+#include "kernels/low_latency/stamps.cuh"
 #include "kernels/low_latency/transport.cuh"
 #include "turnout/error.hpp"
 
@@ -297,6 +298,7 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   // The first pass's loads go out with the top-k ones rather than after them.
   RowPass pass = load_pass(row, n16, member, team_warps, lane);
   const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
+  stamp(3, true);
   if (bad != 0) {
     if (member == 0 && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id, live);
     return;
@@ -324,6 +326,7 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
     else
       put_bf16_pass(tr, targets, ranks.rank, payload, stage, pass, n16, first, team_warps, lane);
   }
+  stamp(4, true);
   if constexpr (Transport::kReachesFar) {
     if (far == 0) return;
     // The team's stores to the stage come before its first warp's puts.
@@ -352,6 +355,7 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
   const uint32_t seq = call_tag(n);
   const int parity = static_cast<int>(n & 1), set = static_cast<int>(n % kCountSets);
   const PeerSet live = block_live_set(p.group.wait, p.group.num_ranks, p.group.rank, live_bits);
+  stamp(2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
   const int team = warp / teams.warps, member = warp % teams.warps;
@@ -367,7 +371,9 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
     tr.set_word(d, signal + offsetof(DispatchSignal, has_weights),
                 p.args.topk_weights != nullptr || p.args.num_tokens == 0);
   }
+  stamp(5);
   arrive_at_peers(tr, p.group.num_ranks, signal + offsetof(DispatchSignal, arrivals), live);
+  stamp(6);
 }
 
 // ---------------------------------------------------------------------------
@@ -719,12 +725,16 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
   const bool all_came =
       __syncthreads_and(wait_for_sources(p, fixed, n, live, source_tokens, failed_sources, weightless_sources));
   const bool failed = first_rank(failed_sources, R, -1) >= 0;
+  stamp(7);
   if (all_came && !failed) {
     scan_counts(fixed, static_cast<int>(n % kCountSets), R, p.args.num_experts, p.args.num_max_tokens, source_tokens,
                 first_row, warp_sums);
     write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
+    stamp(8);
     write_token_entries(p, local, seq, parity, source_tokens);
+    stamp(9);
     place_rows(p, local, seq, parity, first_row, source_tokens);
+    stamp(10);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
     // A source's bad input: no rank places anything. This rank's own send
     // recorded its own bad input, and a timeout is recorded already.
@@ -748,16 +758,19 @@ template <class Transport>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ LowLatencyDispatchParams p, const int phases) {
   __shared__ void* table[kSharedRegionTable];
+  stamp_start();
   const Transport tr = block_transport<Transport>(p.group, table);
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
   const uint64_t send_n = phases & kPhaseSend ? call_number(&state->dispatch_send) : 0;
   const uint64_t recv_n = phases & kPhaseReceive ? call_number(&state->dispatch_recv) : 0;
+  stamp(1, false, send_n + recv_n);
   if (phases & kPhaseSend) {
     send_call(p, tr, send_n);
     if (!(phases & kPhaseReceive)) finish_phase(&state->dispatch_send, send_n, [] {});
   }
   if (phases & kPhaseReceive) recv_call(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0);
+  print_stamps("dispatch", p.group.rank, phases & kPhaseSend ? send_n : recv_n, phases);
 }
 
 }  // namespace dispatch_body

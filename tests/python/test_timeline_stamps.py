@@ -1,0 +1,56 @@
+"""scripts/low_latency_timeline.py --stamps: the reading of the kernels'
+stamp lines (src/kernels/low_latency/stamps.cuh's format), on made-up lines
+whose times are known."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "low_latency_timeline.py"
+
+
+@pytest.fixture(scope="module")
+def timeline():
+    spec = importlib.util.spec_from_file_location("low_latency_timeline", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def line(block, start_ns, end_ns, cycles, call=7, phases=3, op="dispatch"):
+    steps = " ".join(str(c) for c in cycles)
+    return f"turnout-stamps {op} 0 {call} {block} {phases} {start_ns} {end_ns} {steps}"
+
+
+def test_steps_from_the_block_start_and_the_kernel_start(timeline):
+    # 2 cycles a nanosecond: block 0 starts at 1000 ns and ends 10 us later
+    # (20000 cycles); block 1 starts 500 ns after it, runs 8 us, skips step 7.
+    n = timeline.NUM_STEPS - 1
+    b0 = [2000 * (k + 1) for k in range(n - 1)] + [20000]
+    b1 = [1000 * (k + 1) for k in range(n - 1)] + [16000]
+    b1[6] = -1
+    out = timeline.block_steps([line(0, 1000, 11000, b0), line(1, 1500, 9500, b1)])
+    assert list(out) == [(7, 3)]
+    launch = out[(7, 3)]
+    assert launch["blocks"] == 2
+    assert launch["span_us"] == pytest.approx(10.0)
+    own, kernel = launch["steps"][1]
+    assert own == pytest.approx([1.0, 0.5])
+    assert kernel == pytest.approx([1.0, 1.0])
+    own, kernel = launch["steps"][7]
+    assert own == pytest.approx([7.0])  # block 1 did not reach it
+    assert kernel == pytest.approx([7.0])
+    own, kernel = launch["steps"][n]
+    assert own == pytest.approx([10.0, 8.0])
+    assert kernel == pytest.approx([10.0, 8.5])
+
+
+def test_other_lines_and_launches_apart(timeline):
+    n = timeline.NUM_STEPS - 1
+    cycles = [1000] * (n - 1) + [8000]
+    lines = [line(0, 0, 4000, cycles, call=1, phases=1), line(0, 5000, 9000, cycles, call=1, phases=2),
+             line(0, 0, 4000, cycles, op="combine"), "turnout-stamps dispatch 0 1 0 3 0 4000 1 2 3"]
+    out = timeline.block_steps(lines)
+    assert sorted(out) == [(1, 1), (1, 2)]
+    assert out[(1, 2)]["steps"][n][0] == pytest.approx([4.0])
+    assert list(timeline.block_steps(lines, "combine")) == [(7, 3)]
