@@ -159,26 +159,27 @@ def block_steps(lines: list, op: str = "dispatch") -> dict:
     return out
 
 
-# (figure, kernel, a call given the Setup and a combine handle)
+# (figure, kernel, the bench's builder of the figure's call: run when the
+# figure starts, as a combine's handle must come from a recent dispatch)
 STAMPED = [
-    ("dispatch FP8", "dispatch", lambda s, handle: s.dispatch(True)),
-    ("combine BF16", "combine", lambda s, handle: s.combine(handle)),
+    ("dispatch FP8", "dispatch", lambda s: bench.dispatch_parts(s, True)[0]),
+    ("combine BF16", "combine", lambda s: bench.combine_parts(s, False)[0]),
 ]
 
 
 def measure_stamps(rank: int, world_size: int, tokens: int, hidden: int, calls: int) -> dict:
     torch.manual_seed(rank)
     s = bench.Setup(world_size, tokens=tokens, hidden=hidden, experts=288, topk=8)
-    handle = s.dispatch(True)[2]
     results = {}
-    for figure, op, call in STAMPED:
+    for figure, op, build in STAMPED:
+        call = build(s)
         for _ in range(3):
-            call(s, handle)
+            call()
 
         def run():
             for _ in range(calls):
                 s.aligned_start()
-                call(s, handle)
+                call()
 
         printed_by(torch.cuda.synchronize)  # the warm-up calls' lines
         text = printed_by(run)

@@ -2,6 +2,8 @@
 stamp lines (src/kernels/low_latency/stamps.cuh's format), on made-up lines
 whose times are known."""
 import importlib.util
+import os
+import types
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,33 @@ def test_other_lines_and_launches_apart(timeline):
     assert sorted(out) == [(1, 1), (1, 2)]
     assert out[(1, 2)]["steps"][n][0] == pytest.approx([4.0])
     assert list(timeline.block_steps(lines, "combine")) == [(7, 3)]
+
+
+def test_the_lines_printed_during_the_calls_are_read(timeline, monkeypatch):
+    # A stand-in Setup whose calls write stamp lines to fd 1, as device printf
+    # does: the warm-up calls' lines are dropped, the timed calls' read.
+    n = timeline.NUM_STEPS - 1
+
+    class Setup:
+        def __init__(self, *args, **kwargs):
+            self.buffer = types.SimpleNamespace(check_errors=lambda: None)
+            self.calls = 0
+
+        def aligned_start(self):
+            pass
+
+    def builder(op):
+        def build(s):
+            def call():
+                s.calls += 1
+                os.write(1, (line(0, 0, 4000, [100] * (n - 1) + [8000], call=s.calls, op=op) + "\n").encode())
+            return call
+        return build
+
+    monkeypatch.setattr(timeline.bench, "Setup", Setup)
+    stamped = [("d", "dispatch", builder("dispatch")), ("c", "combine", builder("combine"))]
+    monkeypatch.setattr(timeline, "STAMPED", stamped)
+    monkeypatch.setattr(timeline.torch.cuda, "synchronize", lambda: None)
+    out = timeline.measure_stamps(0, 1, 8, 128, 2)
+    assert sorted(out["d"]) == [(4, 3), (5, 3)]
+    assert sorted(out["c"]) == [(9, 3), (10, 3)]
