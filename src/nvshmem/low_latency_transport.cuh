@@ -60,6 +60,12 @@ struct NvshmemTransport {
     else
       ::turnout::device::red_add_relaxed_sys(reinterpret_cast<int32_t*>(remote(peer, offset)), v);
   }
+  __device__ __forceinline__ void set_bits(int peer, int64_t offset, uint32_t bits) const {
+    if (is_far(peer))
+      nvshmem_uint32_atomic_or(symmetric<uint32_t>(offset), bits, peer);
+    else
+      ::turnout::device::red_or_relaxed_sys(reinterpret_cast<uint32_t*>(remote(peer, offset)), bits);
+  }
   // After the block's barrier: the fence puts every earlier put and atomic of
   // this PE to the peer ahead of the arrival.
   __device__ __forceinline__ void arrive(int peer, int64_t offset, uint32_t v) const {

@@ -2,9 +2,9 @@
 // send phase, the receive phase or both. The send writes each token, once per
 // rank that holds one of its experts, into the token's message slot in that
 // rank's region, and adds the token to that rank's count of each of its
-// experts there; then each block adds to every rank's arrival counter. The
-// receive waits for every source's arrivals and places the messages into the
-// rows of each local expert. A send never waits; a rank alone on its GPU runs
+// experts there and sets its bit in that expert's token bits; then each block
+// adds to every rank's arrival counter. The receive waits for every source's
+// arrivals and places the messages into the rows of each local expert. A send never waits; a rank alone on its GPU runs
 // both phases in one launch (one launch less), where a block's receive waits
 // for the sends of the rank's own blocks too.
 //
@@ -15,9 +15,10 @@
 // destination; its first warp also writes the headers and counts.
 //
 // Receive: every block scans the counts of all (expert, source) pairs into
-// row offsets. The received rows, numbered flat in (expert, source, token)
-// order, are split evenly over every warp of the grid; a warp finds its rows
-// by scanning the source's message headers, 32 slots a step.
+// row offsets; rows are in (expert, source, token) order. The message slots
+// are spread over every warp of the grid, one slot a warp: a message's row
+// for expert l is the pair's first row plus the bits of l below its token, so
+// the warp reads the row once and stores it to each of its experts' rows.
 //
 // A template on the transport (transport.cuh): src/kernels/low_latency/
 // dispatch.cu instantiates it on NVLink, the NVSHMEM library on NVSHMEM. A
@@ -60,11 +61,11 @@ constexpr int kUnitsPerPass = 4;
 // Receive: 16-byte words a lane has in flight while copying a row (within
 // the 128 registers a 512-thread block leaves a thread).
 constexpr int kCopyWords = 8;
-// Receive: 32-slot steps of a header scan whose loads go out together.
-constexpr int kScanSteps = 4;
 
 static_assert(sizeof(MessageHeader) % 16 == 0);
 static_assert(offsetof(FixedArea, counts) % 16 == 0 && kMaxLocalExperts % 4 == 0, "counts are zeroed in 16-byte words");
+static_assert(offsetof(FixedArea, token_bits) % 16 == 0 && kTokenBitsWords % 4 == 0,
+              "token bits are zeroed in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
 static_assert(kLowLatencyMaxHidden / kScaleGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
@@ -91,6 +92,14 @@ __host__ __device__ constexpr int64_t counts_offset(int set, int source, int exp
   return static_cast<int64_t>(offsetof(FixedArea, counts)) +
          (static_cast<int64_t>(set) * kLowLatencyMaxExperts + static_cast<int64_t>(source) * experts_per_rank) *
              static_cast<int64_t>(sizeof(int32_t));
+}
+
+// Where source `source`'s token bits of set `set` lie in a region (L experts a
+// rank, `words` words a pair).
+__host__ __device__ constexpr int64_t token_bits_offset(int set, int source, int experts_per_rank, int words) {
+  return static_cast<int64_t>(offsetof(FixedArea, token_bits)) +
+         (static_cast<int64_t>(set) * kTokenBitsWords + static_cast<int64_t>(source) * experts_per_rank * words) *
+             static_cast<int64_t>(sizeof(uint32_t));
 }
 
 // The index of the n-th set bit of m (n from 0; m has more than n).
@@ -223,14 +232,15 @@ __device__ __noinline__ void report_invalid_expert(const LowLatencyDispatchParam
 // shared memory (lane k fills the entry of top-k slot k when k is the first
 // slot naming its expert; header i is the i-th destination of `dests`) and
 // put as 16-byte words (a far destination's into its staged header, at
-// `staged` + i headers); and one more token for each distinct expert in its
-// destination's count. `dests`: the first slot of each destination rank that
-// is sent to; `far`: those out of load/store reach.
+// `staged` + i headers); and, for each distinct expert, one more token in its
+// destination's count and the token's bit in its token bits (`bit_words` a pair).
+// `dests`: the first slot of each destination rank that is sent to; `far`:
+// those out of load/store reach.
 template <class Transport>
-__device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* headers, int64_t counts, uint32_t seq,
-                                            int token, int64_t slot, int64_t staged, int expert, float weight,
-                                            int num_topk, int experts_per_rank, const TokenRanks& ranks, unsigned dests,
-                                            unsigned far, int lane) {
+__device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* headers, int64_t counts, int64_t bits,
+                                            int bit_words, uint32_t seq, int token, int64_t slot, int64_t staged,
+                                            int expert, float weight, int num_topk, int experts_per_rank,
+                                            const TokenRanks& ranks, unsigned dests, unsigned far, int lane) {
   const unsigned below = (1u << lane) - 1;
   const bool named = expert >= 0;
   const unsigned same = __match_any_sync(~0u, named ? expert : -1 - lane);
@@ -262,6 +272,8 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
       h.pad = 0;
     }
     tr.add(ranks.rank, counts + 4 * static_cast<int64_t>(local_expert), 1);
+    tr.set_bits(ranks.rank, bits + 4 * (static_cast<int64_t>(local_expert) * bit_words + token / 32),
+                1u << (token % 32));
   }
   __syncwarp();
   const int words = __popc(dests) * kHeaderWords;
@@ -313,8 +325,9 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
   const int64_t staged = p.region.header_stage_slot(parity, t, 0);
   if (member == 0)
-    put_headers(tr, headers, counts_offset(set, p.group.rank, L), seq, t, slot, staged, expert, weight, K, L, ranks,
-                dests, far, lane);
+    put_headers(tr, headers, counts_offset(set, p.group.rank, L),
+                token_bits_offset(set, p.group.rank, L, token_words(a.num_max_tokens)), token_words(a.num_max_tokens),
+                seq, t, slot, staged, expert, weight, K, L, ranks, dests, far, lane);
   constexpr int64_t kHeaderBytes = sizeof(MessageHeader);
   const int64_t payload = slot + kHeaderBytes;
   char* stage = tr.local() + p.region.dispatch_stage_slot(parity, t) + kHeaderBytes;
@@ -511,198 +524,135 @@ __device__ __forceinline__ bool is_message(const int4& head, uint32_t seq, int t
   return static_cast<uint32_t>(head.x) == seq && head.y == t && head.z >= 1 && head.z <= kLowLatencyMaxTopk;
 }
 
-// plan token_entries for every (source, token < M), spread over the grid
-// from the last warp of place_rows' order back: with fewer rows than warps,
-// warps that place no row read these headers.
-__device__ __forceinline__ void write_token_entries(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
-                                                    int parity, const int32_t* source_tokens) {
-  const int R = p.group.num_ranks, M = p.args.num_max_tokens;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-  const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
-  auto* entries = reinterpret_cast<int32_t*>(static_cast<char*>(p.args.plan) + p.plan.token_entries);
-  for (int64_t i = (warps - 1 - g) * 32 + threadIdx.x % 32; i < static_cast<int64_t>(R) * M; i += warps * 32) {
-    const int s = static_cast<int>(i / M), t = static_cast<int>(i % M);
-    int32_t n = 0;
-    if (t < source_tokens[s]) {
-      const int4 head = device::load_shared_16(local + p.region.dispatch_slot(parity, s, t));
-      if (is_message(head, seq, t)) n = head.z;
-    }
-    entries[i] = n;
-  }
+// The row of `row_bytes` at `out` of recv_x gets words [base, base + 32
+// kCopyWords) of `v` (lane's words base + 32 u).
+__device__ __forceinline__ void store_row_words(char* recv_x, int64_t out, int64_t row_bytes, const int4* v, int base,
+                                                int n16) {
+  auto* d = reinterpret_cast<int4*>(recv_x + out * row_bytes);
+#pragma unroll
+  for (int u = 0; u < kCopyWords; ++u)
+    if (base + 32 * u < n16) device::store_16(d + base + 32 * u, v[u]);
 }
 
-// The entry j in [first, first + 8), j < n, whose local expert (the int16s of
-// `names`) is l; -1 if none.
-__device__ __forceinline__ int entry_naming(const int4& names, int first, int n, int l) {
-  const int32_t pairs[4] = {names.x, names.y, names.z, names.w};
-  int found = -1;
+__device__ __forceinline__ void load_row_words(int4* v, const char* payload, int base, int n16) {
+  const auto* src = reinterpret_cast<const int4*>(payload);
 #pragma unroll
-  for (int c = 7; c >= 0; --c) {
-    const int name = static_cast<int16_t>(pairs[c / 2] >> (16 * (c % 2)));
-    if (first + c < n && name == l) found = first + c;
-  }
-  return found;
+  for (int u = 0; u < kCopyWords; ++u)
+    if (base + 32 * u < n16) v[u] = device::load_shared_16(src + base + 32 * u);
 }
 
-// For slots base + 32 u + lane (u < kScanSteps) of source s: byte u of the
-// result is 1 + the entry naming local expert l if the slot holds a message of
-// this call that names it, else 0. Reads the first header word and the first
-// eight local experts (the next eight only when needed).
-__device__ __forceinline__ uint32_t find_entries(const Region& region, const char* local, uint32_t seq, int parity,
-                                                 int s, int l, int base, int num_tokens, int lane) {
-  int4 head[kScanSteps], names[kScanSteps];
-#pragma unroll
-  for (int u = 0; u < kScanSteps; ++u) {
-    const int t = base + 32 * u + lane;
-    head[u] = names[u] = make_int4(0, 0, 0, 0);
-    if (t < num_tokens) {
-      const char* slot = local + region.dispatch_slot(parity, s, t);
-      head[u] = device::load_shared_16(slot);
-      names[u] = device::load_shared_16(slot + offsetof(MessageHeader, local_expert));
-    }
-  }
-  uint32_t entries = 0;
-#pragma unroll
-  for (int u = 0; u < kScanSteps; ++u) {
-    const int t = base + 32 * u + lane;
-    if (t < num_tokens && is_message(head[u], seq, t)) {
-      const int n = head[u].z;
-      int j = entry_naming(names[u], 0, n, l);
-      if (j < 0 && n > 8) {
-        const char* more = local + region.dispatch_slot(parity, s, t) + offsetof(MessageHeader, local_expert) + 16;
-        j = entry_naming(device::load_shared_16(more), 8, n, l);
-      }
-      entries |= static_cast<uint32_t>(j + 1) << (8 * u);
-    }
-  }
-  return entries;
-}
-
-// A warp copies n16 16-byte words another GPU wrote (read from L2), with
-// kCopyWords words a lane in flight: a pass's loads all issue before its
-// stores, the last pass masked.
-__device__ __forceinline__ void copy_row(void* dst, const void* src, int n16, int lane) {
-  auto* d = static_cast<int4*>(dst);
-  const auto* s = static_cast<const int4*>(src);
-  for (int base = lane; base < n16; base += 32 * kCopyWords) {
-    int4 v[kCopyWords];
-#pragma unroll
-    for (int u = 0; u < kCopyWords; ++u)
-      if (base + 32 * u < n16) v[u] = device::load_shared_16(s + base + 32 * u);
-#pragma unroll
-    for (int u = 0; u < kCopyWords; ++u)
-      if (base + 32 * u < n16) device::store_16(d + base + 32 * u, v[u]);
-  }
-}
-
-// Row `row` of local expert l is token t of source s, entry j of its header.
-__device__ __forceinline__ void place_row(const LowLatencyDispatchParams& p, const char* local, int parity, int l,
-                                          int s, int t, int j, int row, int lane) {
+// Slot (s, t), by one warp: the header, the scales and the row's first words
+// load in one round (whatever the slot holds); if it is a message of this
+// call, lane j < n finds entry j's row (its local expert l's first row for s,
+// plus the tokens of s before t that name l: the bits below t) and writes the
+// plan's entry, and the warp copies the row and scales to each entry's row.
+__device__ __forceinline__ void place_message(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
+                                              int parity, int set, const int32_t* first_row, int s, int t, int lane) {
   const LowLatencyDispatchArgs& a = p.args;
-  const int H = a.hidden, M = a.num_max_tokens;
-  const int64_t rows_per_expert = static_cast<int64_t>(M) * p.group.num_ranks;
-  const int64_t out = l * rows_per_expert + row;
+  const int H = a.hidden, M = a.num_max_tokens, R = p.group.num_ranks, L = a.num_experts / R;
+  const int64_t rows_per_expert = static_cast<int64_t>(M) * R;
+  const int64_t row_bytes = a.use_fp8 ? H : 2 * static_cast<int64_t>(H);
+  const int n16 = static_cast<int>(row_bytes / 16);
+  const int num_groups = H / kScaleGroup, scale_words = (num_groups + 3) / 4;
   const char* slot = local + p.region.dispatch_slot(parity, s, t);
   const char* payload = slot + sizeof(MessageHeader);
-  const int num_groups = H / kScaleGroup, scale_words = (num_groups + 3) / 4;
-  // The small loads first, so they overlap the row's.
+  const int4 head = device::load_shared_16(slot);
+  int name = -1;
   uint16_t slots = 0;
   float weight = 0.0f;
-  if (lane == 0) {
-    slots = __ldcg(reinterpret_cast<const unsigned short*>(slot + offsetof(MessageHeader, slots)) + j);
-    weight = __ldcg(reinterpret_cast<const float*>(slot + offsetof(MessageHeader, weight)) + j);
+  if (lane < kLowLatencyMaxTopk) {
+    name = __ldcg(reinterpret_cast<const short*>(slot + offsetof(MessageHeader, local_expert)) + lane);
+    slots = __ldcg(reinterpret_cast<const unsigned short*>(slot + offsetof(MessageHeader, slots)) + lane);
+    weight = __ldcg(reinterpret_cast<const float*>(slot + offsetof(MessageHeader, weight)) + lane);
   }
   int4 scales = make_int4(0, 0, 0, 0);
   if (a.use_fp8 && lane < scale_words) scales = device::load_shared_16(payload + H + 16 * lane);
-  const int64_t row_bytes = a.use_fp8 ? H : 2 * static_cast<int64_t>(H);
-  copy_row(static_cast<char*>(a.recv_x) + out * row_bytes, payload, static_cast<int>(row_bytes / 16), lane);
-  if (lane == 0) {
-    char* plan = static_cast<char*>(a.plan);
+  int4 v[kCopyWords];
+  load_row_words(v, payload, lane, n16);
+  const int64_t entry = static_cast<int64_t>(s) * M + t;
+  char* plan = static_cast<char*>(a.plan);
+  if (!is_message(head, seq, t)) {
+    if (lane == 0) reinterpret_cast<int32_t*>(plan + p.plan.token_entries)[entry] = 0;
+    return;
+  }
+  const int n = head.z;
+  // A name out of range (a peer's corrupt header) places nothing, as the scan did.
+  const bool mine = lane < n && name >= 0 && name < L;
+  int64_t row = 0;
+  if (mine) {
+    const int words = token_words(M);
+    const auto* bits = reinterpret_cast<const uint32_t*>(local + token_bits_offset(set, s, L, words)) +
+                       static_cast<int64_t>(name) * words;
+    int before = __popc(__ldcg(bits + t / 32) & ((1u << (t % 32)) - 1));
+#pragma unroll 4
+    for (int w = 0; w < t / 32; ++w) before += __popc(__ldcg(bits + w));
+    const int pair = name * R + s;
+    row = first_row[pair] - first_row[name * R] + before;
+    const int64_t out = name * rows_per_expert + row;
     a.src_info[out] = t;
-    const int64_t entry = (static_cast<int64_t>(s) * M + t) * kLowLatencyMaxTopk + j;
-    reinterpret_cast<int32_t*>(plan + p.plan.token_rows)[entry] = static_cast<int32_t>(out);
-    reinterpret_cast<uint16_t*>(plan + p.plan.token_slots)[entry] = slots;
-    reinterpret_cast<float*>(plan + p.plan.token_weights)[entry] = weight;
+    reinterpret_cast<int32_t*>(plan + p.plan.token_rows)[entry * kLowLatencyMaxTopk + lane] = static_cast<int32_t>(out);
+    reinterpret_cast<uint16_t*>(plan + p.plan.token_slots)[entry * kLowLatencyMaxTopk + lane] = slots;
+    reinterpret_cast<float*>(plan + p.plan.token_weights)[entry * kLowLatencyMaxTopk + lane] = weight;
   }
-  if (a.use_fp8 && lane < scale_words) {
-    const float v[4] = {__int_as_float(scales.x), __int_as_float(scales.y), __int_as_float(scales.z),
+  if (lane == 0) reinterpret_cast<int32_t*>(plan + p.plan.token_entries)[entry] = n;
+  const unsigned placed = __ballot_sync(~0u, mine);
+  if (a.use_fp8) {
+    const float f[4] = {__int_as_float(scales.x), __int_as_float(scales.y), __int_as_float(scales.z),
                         __int_as_float(scales.w)};
-    if (a.use_ue8m0) {
-      uint32_t packed = 0;
+    for (unsigned m = placed; m; m &= m - 1) {
+      const int j = __ffs(static_cast<int>(m)) - 1;
+      const int l = __shfl_sync(~0u, name, j);
+      const int64_t r = __shfl_sync(~0u, row, j);
+      if (lane >= scale_words) continue;
+      if (a.use_ue8m0) {
+        uint32_t packed = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (4 * lane + i < num_groups) packed |= device::ue8m0_exponent(v[i]) << (8 * i);
-      a.recv_packed_scales[(l * static_cast<int64_t>(scale_words) + lane) * rows_per_expert + row] =
-          static_cast<int32_t>(packed);
-    } else {
+        for (int i = 0; i < 4; ++i)
+          if (4 * lane + i < num_groups) packed |= device::ue8m0_exponent(f[i]) << (8 * i);
+        a.recv_packed_scales[(l * static_cast<int64_t>(scale_words) + lane) * rows_per_expert + r] =
+            static_cast<int32_t>(packed);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int g = 4 * lane + i;
-        if (g < num_groups) a.recv_scales[(l * static_cast<int64_t>(num_groups) + g) * rows_per_expert + row] = v[i];
+        for (int i = 0; i < 4; ++i) {
+          const int g = 4 * lane + i;
+          if (g < num_groups) a.recv_scales[(l * static_cast<int64_t>(num_groups) + g) * rows_per_expert + r] = f[i];
+        }
       }
+    }
+  }
+  char* recv_x = static_cast<char*>(a.recv_x);
+  for (int first = 0; first < n16; first += 32 * kCopyWords) {
+    if (first != 0) load_row_words(v, payload, first + lane, n16);
+    for (unsigned m = placed; m; m &= m - 1) {
+      const int j = __ffs(static_cast<int>(m)) - 1;
+      const int64_t out = __shfl_sync(~0u, name, j) * rows_per_expert + __shfl_sync(~0u, row, j);
+      store_row_words(recv_x, out, row_bytes, v, first + lane, n16);
     }
   }
 }
 
-// Rows [from, to) of pair i (local expert l, source s): the from-th to the
-// (to - 1)-th messages of s naming l, in token order.
-__device__ __forceinline__ void place_pair_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
-                                                int parity, const int32_t* first_row, const int32_t* source_tokens,
-                                                int i, int from, int to, int lane) {
-  const int R = p.group.num_ranks;
-  const int l = i / R, s = i % R;
-  const int begin = first_row[i] - first_row[l * R];
-  const int num_tokens = source_tokens[s];
-  int seen = 0;  // messages naming l before the current step
-  for (int base = 0; base < num_tokens && seen < to; base += 32 * kScanSteps) {
-    const uint32_t entries = find_entries(p.region, local, seq, parity, s, l, base, num_tokens, lane);
-    // Not unrolled: one copy of the row code is enough.
-#pragma unroll 1
-    for (int u = 0; u < kScanSteps && seen < to; ++u) {
-      const int entry = static_cast<int>(entries >> (8 * u) & 0xffu) - 1;
-      unsigned hits = __ballot_sync(~0u, entry >= 0);
-      const int n = __popc(hits);
-      for (int q = seen; hits != 0 && q < to; ++q, hits &= hits - 1) {
-        if (q < from) continue;
-        const int k = __ffs(hits) - 1;
-        place_row(p, local, parity, l, s, base + 32 * u + k, __shfl_sync(~0u, entry, k), begin + q, lane);
-      }
-      seen += n;
-    }
-  }
-}
-
-// The rows of this warp: an even share of the flat numbering, warps taken
-// block by block in turn so that a few rows still spread over the SMs.
-__device__ __forceinline__ void place_rows(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
-                                           int parity, const int32_t* first_row, const int32_t* source_tokens) {
-  const int E = p.args.num_experts, lane = threadIdx.x % 32;
+// Every (source, token < M) slot, a warp each in turn (spread over the blocks
+// first): its plan entries and rows; a slot past its source's tokens has none.
+__device__ __forceinline__ void place_messages(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
+                                               int parity, int set, const int32_t* first_row,
+                                               const int32_t* source_tokens) {
+  const int R = p.group.num_ranks, M = p.args.num_max_tokens, lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
-  const int64_t total = first_row[E];
-  int row = static_cast<int>(g * total / warps);
-  const int end = static_cast<int>((g + 1) * total / warps);
-  if (row >= end) return;
-  // The pair holding `row`: the last i with first_row[i] <= row (first_row[E] > row).
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (first_row[mid] <= row)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  for (int i = lo; row < end; ++i) {
-    const int stop = min(end, first_row[i + 1]);
-    if (row >= stop) continue;
-    place_pair_rows(p, local, seq, parity, first_row, source_tokens, i, row - first_row[i], stop - first_row[i], lane);
-    row = stop;
+  auto* entries = reinterpret_cast<int32_t*>(static_cast<char*>(p.args.plan) + p.plan.token_entries);
+  for (int64_t i = g; i < static_cast<int64_t>(R) * M; i += warps) {
+    const int s = static_cast<int>(i / M), t = static_cast<int>(i % M);
+    if (t < source_tokens[s])
+      place_message(p, local, seq, parity, set, first_row, s, t, lane);
+    else if (lane == 0)
+      entries[i] = 0;
   }
 }
 
 // Call n's receive, on every thread of the grid. Block 0 zeroes the counts
-// two calls on will add to. The receive's call number advances at the end,
-// and the send's (call send_n) where this launch ran the send too (`sent`).
+// two calls on will add to, the grid their token bits. The receive's call
+// number advances at the end, and the send's (call send_n) where this launch
+// ran the send too (`sent`).
 template <class Transport>
 __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n,
                                           uint64_t send_n, bool sent) {
@@ -721,6 +671,11 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
     auto* next = reinterpret_cast<int4*>(fixed->counts[(n + 2) % kCountSets]);
     for (int i = threadIdx.x; i < kCountWords; i += blockDim.x) next[i] = make_int4(0, 0, 0, 0);
   }
+  {
+    auto* next = reinterpret_cast<int4*>(fixed->token_bits[(n + 2) % kCountSets]);
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < kTokenBitsWords / 4; i += gridDim.x * kThreads)
+      next[i] = make_int4(0, 0, 0, 0);
+  }
   const PeerSet live = block_live_set(p.group.wait, R, p.group.rank, live_bits, failed_sources, weightless_sources);
   const bool all_came =
       __syncthreads_and(wait_for_sources(p, fixed, n, live, source_tokens, failed_sources, weightless_sources));
@@ -731,9 +686,7 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
                 first_row, warp_sums);
     write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
     stamp(8);
-    write_token_entries(p, local, seq, parity, source_tokens);
-    stamp(9);
-    place_rows(p, local, seq, parity, first_row, source_tokens);
+    place_messages(p, local, seq, parity, static_cast<int>(n % kCountSets), first_row, source_tokens);
     stamp(10);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
     // A source's bad input: no rank places anything. This rank's own send

@@ -116,6 +116,17 @@ struct DispatchSignal {
 // will: no block waits for the others to have read its counts.
 inline constexpr int kCountSets = 4;
 
+// Which of source s's tokens name each local expert, in sets like the counts:
+// bit t % 32 of word [set][(s * L + l) * W + t / 32] (W = token_words(M)),
+// set by s as it sends. The receive places token t's row for local expert l at
+// the pair's first row plus the bits below t: no scan of the messages. Sized
+// for any call (R * L <= kLowLatencyMaxExperts, M <= kLowLatencyMaxTokens),
+// so that the receive of call n zeroes set (n + 2) & 3 whole, as the counts.
+__host__ __device__ constexpr int token_words(int num_max_tokens) {
+  return (num_max_tokens + 31) / 32;
+}
+inline constexpr int kTokenBitsWords = kLowLatencyMaxExperts * token_words(kLowLatencyMaxTokens);
+
 // Slot [parity][d] of a source rank, written by expert rank d.
 struct CombineSignal {
   uint32_t arrivals;
@@ -128,6 +139,7 @@ struct FixedArea {
   DispatchSignal dispatch[2][kMaxGroupRanks];
   CombineSignal combine[2][kMaxGroupRanks];
   int32_t counts[kCountSets][kLowLatencyMaxExperts];
+  uint32_t token_bits[kCountSets][kTokenBitsWords];
 };
 
 inline constexpr int64_t kFixedBytes = align_up(sizeof(FixedArea), 4096);

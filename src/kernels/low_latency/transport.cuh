@@ -9,6 +9,7 @@
 //   put_tagged       one 8-byte word the reader sees whole or not at all
 //   set_word         one 4-byte word (a flag or a count)
 //   add              adds to a count the peer reads once the senders arrived
+//   set_bits         ors bits into a word the peer reads once the senders arrived
 //   arrive           adds to an arrival counter: a peer that reads the sum
 //                    with an acquire load sees every put of the block before
 //   put_warp         (far peers) a warp's put of bytes staged in this rank's
@@ -53,6 +54,9 @@ struct NvlinkTransport {
   }
   __device__ __forceinline__ void add(int peer, int64_t offset, int32_t v) const {
     device::red_add_relaxed_sys(reinterpret_cast<int32_t*>(remote(peer, offset)), v);
+  }
+  __device__ __forceinline__ void set_bits(int peer, int64_t offset, uint32_t bits) const {
+    device::red_or_relaxed_sys(reinterpret_cast<uint32_t*>(remote(peer, offset)), bits);
   }
   // The block's threads meet at a barrier before one of them arrives.
   __device__ __forceinline__ void arrive(int peer, int64_t offset, uint32_t v) const {
