@@ -58,9 +58,10 @@ def test_other_lines_and_launches_apart(timeline):
     assert list(timeline.block_steps(lines, "combine")) == [(7, 3)]
 
 
-def test_the_lines_printed_during_the_calls_are_read(timeline, monkeypatch):
+def test_the_lines_printed_during_the_calls_are_read(timeline, monkeypatch, capfd):
     # A stand-in Setup whose calls write stamp lines to fd 1, as device printf
-    # does: the warm-up calls' lines are dropped, the timed calls' read.
+    # does: the warm-up calls' lines are dropped (and kept off the script's
+    # output), the timed calls' read.
     n = timeline.NUM_STEPS - 1
 
     class Setup:
@@ -86,3 +87,4 @@ def test_the_lines_printed_during_the_calls_are_read(timeline, monkeypatch):
     out = timeline.measure_stamps(0, 1, 8, 128, 2)
     assert sorted(out["d"]) == [(4, 3), (5, 3)]
     assert sorted(out["c"]) == [(9, 3), (10, 3)]
+    assert "turnout-stamps" not in capfd.readouterr().out
