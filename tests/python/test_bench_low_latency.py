@@ -113,3 +113,47 @@ def test_declared_domains_label_gpu_times_and_judge_only_host_and_wire():
     # One domain holding every rank is no split: nothing changes.
     whole = [dict(r, **PROTOCOL) for r in (GPU, dict(WIRE, nvl_domain_size=4))]
     assert {r["figure"]: r for r in finish(whole, 4, False)}["dispatch FP8"]["verdict"] == "met"
+
+
+def test_pair_loop_notes_the_spread_the_host_and_the_collections(monkeypatch):
+    """pair_loop over stand-in events: the mean and the spread come from the
+    events, and a collection made while the timed pairs are issued is counted
+    (one made while warming up is not)."""
+    import gc
+    import types
+
+    import turnout.bench.low_latency as bench
+
+    times = iter([10.0, 30.0] + [20.0] * (bench.PAIR_LOOP - 2))
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, end):
+            return next(times) / 1e3
+
+    calls = []
+
+    def pair_part(*args, **kwargs):
+        calls.append(1)
+        if len(calls) in (3, bench.PAIR_LOOP + 7):  # once warming up, once timed
+            gc.collect()
+        return (None, None, None)
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "FLUSH_BYTES", 16)
+    real_empty = bench.torch.empty
+    monkeypatch.setattr(bench.torch, "empty", lambda n, dtype, device: real_empty(n, dtype=dtype))
+    s = types.SimpleNamespace(dispatch=pair_part, combine=lambda handle: None)
+    out = bench.pair_loop(s)
+    assert len(calls) == 2 * bench.PAIR_LOOP
+    assert (out["min_pair_us"], out["max_pair_us"]) == (10.0, 30.0)
+    assert abs(out["time_us"] - 20.0) < 1e-9
+    assert out["gc_collections"] == 1 and out["gc_us"] > 0
+    assert out["host_us_per_pair"] > 0
+    assert set(out) == {"time_us", *bench.PAIR_LOOP_DETAILS}

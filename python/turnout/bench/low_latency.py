@@ -31,6 +31,7 @@ rank, the JSON the fastest too.
 Every timed round starts aligned: the GPU sleeps while the host queues the
 round, then all ranks meet in a device barrier. So the events time GPU work,
 not the host's launches nor a peer's late start."""
+import gc
 import os
 import statistics
 import time
@@ -281,10 +282,17 @@ def host_times(parts: List[Callable], iters: int):
     return [(statistics.median(w), statistics.median(f)) for w, f in zip(warm, first)]
 
 
-def pair_loop(s: Setup) -> float:
-    """Average us per pair between CUDA events: PAIR_LOOP pairs to warm up, an
-    L2 flush, then PAIR_LOOP pairs, each between its own two events, all
-    issued back to back (no host sync, no barrier)."""
+# What pair_loop notes beside the figure (in the JSON, per rank as min / max).
+PAIR_LOOP_DETAILS = ("min_pair_us", "max_pair_us", "host_us_per_pair", "gc_collections", "gc_us")
+
+
+def pair_loop(s: Setup) -> Dict:
+    """Average us per pair between CUDA events (``time_us``): PAIR_LOOP pairs
+    to warm up, an L2 flush, then PAIR_LOOP pairs, each between its own two
+    events, all issued back to back (no host sync, no barrier). Beside it, to
+    tell a slow GPU from a host that fell behind: the fastest and slowest
+    pair, the host's us per pair while issuing them, and the garbage
+    collections and their us in that time."""
     def pair() -> None:
         s.combine(s.dispatch(stats=True)[2])
 
@@ -292,12 +300,28 @@ def pair_loop(s: Setup) -> float:
         pair()
     torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda").zero_()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(PAIR_LOOP)]
-    for start, end in events:
-        start.record()
-        pair()
-        end.record()
+    collections = []
+
+    def note_collection(phase: str, info: Dict) -> None:
+        collections.append((phase, time.perf_counter_ns()))
+
+    gc.callbacks.append(note_collection)
+    try:
+        issue_start = time.perf_counter_ns()
+        for start, end in events:
+            start.record()
+            pair()
+            end.record()
+        issue_ns = time.perf_counter_ns() - issue_start
+    finally:
+        gc.callbacks.remove(note_collection)
     torch.cuda.synchronize()
-    return statistics.mean(start.elapsed_time(end) * 1e3 for start, end in events)
+    pairs = [start.elapsed_time(end) * 1e3 for start, end in events]
+    starts = [t for phase, t in collections if phase == "start"]
+    stops = [t for phase, t in collections if phase == "stop"]
+    return {"time_us": statistics.mean(pairs), "min_pair_us": min(pairs), "max_pair_us": max(pairs),
+            "host_us_per_pair": issue_ns / 1e3 / PAIR_LOOP, "gc_collections": len(starts),
+            "gc_us": sum(b - a for a, b in zip(starts, stops)) / 1e3}
 
 
 # The mixed calls before the long-running figure: (format, kind), as a long
@@ -345,7 +369,7 @@ def default_device_setting():
     return None if context is None else context.device
 
 
-def long_running_pair(s: Setup) -> float:
+def long_running_pair(s: Setup) -> Dict:
     """pair_loop after mixed_calls, both with DeepEP's test defaults set
     (restored after)."""
     device, dtype = default_device_setting(), torch.get_default_dtype()
@@ -383,7 +407,7 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     # Before anything else: the process as fresh as the bench can have it.
     progress.step(FRESH_PAIR)
     dist.barrier()
-    gpu = [make_row("gpu", FRESH_PAIR, loop_mode, time_us=pair_loop(s), iters=PAIR_LOOP)]
+    gpu = [make_row("gpu", FRESH_PAIR, loop_mode, iters=PAIR_LOOP, **pair_loop(s))]
     s.buffer.check_errors()
     host = []
     for op, build, part_names in FIGURES:
@@ -408,7 +432,7 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     s.buffer.check_errors()
 
     progress.step(LONG_PAIR)
-    gpu.append(make_row("gpu", LONG_PAIR, loop_mode, time_us=long_running_pair(s), iters=PAIR_LOOP))
+    gpu.append(make_row("gpu", LONG_PAIR, loop_mode, iters=PAIR_LOOP, **long_running_pair(s)))
     s.buffer.check_errors()
     progress.close()
 
@@ -498,7 +522,7 @@ def run(num_ranks: Optional[int], quick: bool, **shape: int) -> List[Dict]:
     check_shape(shape, world_size)
     per_rank = run_on_local_gpus(measure, (quick, shape), num_ranks, "nccl")
     rows = merge_ranks(per_rank, "time_us", "host_us_after_sync", "ours_bytes", "ref_bytes", "ratio",
-                       "ours_messages", "ref_messages", "message_ratio")
+                       "ours_messages", "ref_messages", "message_ratio", *PAIR_LOOP_DETAILS)
     return finish(rows, world_size, gpus_shared(world_size))
 
 
