@@ -381,14 +381,17 @@ kernels::WaitContext BufferCore::wait_context(OpKind op, bool shrinkable, int pa
   if (shrinkable && options_.enable_shrink)
     return {errors_.device(op, calls_), static_cast<uint64_t>(shrink_timeout_s_ * patience * 1e9), topology_.rank,
             first_peer_rank_, static_cast<int32_t*>(mask_.get())};
-  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * 1e9), topology_.rank, first_peer_rank_,
-          nullptr};
+  return {errors_.device(op, calls_), static_cast<uint64_t>(timeout_s_ * patience * 1e9), topology_.rank,
+          first_peer_rank_, nullptr};
 }
 
 double BufferCore::host_limit_s() const {
   // A shrink-mode call may wait out two shrink timeouts (a combine behind a dead source's weights), an
-  // internode dispatch three (a dead rank, then the view of one that came late, twice as patient).
-  const double kernels_limit = options_.enable_shrink ? std::max(timeout_s_, 3 * shrink_timeout_s_) : timeout_s_;
+  // internode dispatch three (a dead rank, then the view of one that came late, twice as patient); without
+  // shrink mode, a low-latency combine two timeouts (its receive's patience).
+  const double kernels_limit = options_.enable_shrink      ? std::max(timeout_s_, 3 * shrink_timeout_s_)
+                               : options_.low_latency_mode ? 2 * timeout_s_
+                                                           : timeout_s_;
   return kernels_limit + kHostGraceS;
 }
 

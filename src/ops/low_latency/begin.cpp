@@ -69,7 +69,9 @@ OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_toke
   shape.group.wait = core.wait_context(kind, true);
   // A combine may wait for an expert rank that itself waits out a dead
   // source's weights: its patience is twice theirs, so it never masks a live
-  // rank for that.
+  // rank for that, nor (without shrink mode) names one: the first timeout a
+  // rank records names the rank that did not come (a weights wait's, or the
+  // receive's own after two timeouts where this rank waits for no weights).
   shape.group.receive_wait = core.wait_context(kind, true, 2);
   return shape;
 }
