@@ -4,9 +4,10 @@
 // rank's region, and adds the token to that rank's count of each of its
 // experts there and sets its bit in that expert's token bits; then each block
 // adds to every rank's arrival counter. The receive waits for every source's
-// arrivals and places the messages into the rows of each local expert. A send never waits; a rank alone on its GPU runs
-// both phases in one launch (one launch less), where a block's receive waits
-// for the sends of the rank's own blocks too.
+// arrivals and places the messages into the rows of each local expert. A
+// send never waits; a rank alone on its GPU runs both phases in one launch
+// (one launch less), where a block's receive waits for the sends of the
+// rank's own blocks too.
 //
 // Send: a block's tokens are t = block + j * blocks. Its warps form teams,
 // one token per team at a time; with fewer tokens than warps a team has
