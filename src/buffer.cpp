@@ -111,6 +111,10 @@ void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
   intranode::dispatch(state_->core, args, stream);
 }
 
+void Buffer::dispatch_known_rows(const DispatchCountsArgs& counts, const DispatchArgs& args, cudaStream_t stream) {
+  intranode::dispatch_known_rows(state_->core, state_->intranode, counts, args, stream);
+}
+
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
   intranode::combine(state_->core, args, stream);
 }

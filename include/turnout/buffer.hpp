@@ -122,6 +122,11 @@ class Buffer {
   DispatchCounts dispatch_counts(const DispatchCountsArgs& args, cudaStream_t stream);
   // Step 2: move the tokens into outputs sized from step 1 (or the handle).
   void dispatch(const DispatchArgs& args, cudaStream_t stream);
+  // Both steps, where the receive rows are known before the counts: with
+  // num_worst_tokens > 0 (outputs of that many rows), or a cached dispatch
+  // (the handle's rows; no num_tokens_per_expert). Where no other rank of the
+  // group shares this GPU, one launch (the counts step in its first block).
+  void dispatch_known_rows(const DispatchCountsArgs& counts, const DispatchArgs& args, cudaStream_t stream);
   // Seconds the last host wait for receive counts took (of this buffer's
   // normal mode, intranode or internode), until they arrived: what a
   // dispatch's host time is counted without.

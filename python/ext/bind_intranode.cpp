@@ -110,10 +110,6 @@ void dispatch_known_rows(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, 
                          uintptr_t recv_x_scales, uintptr_t recv_topk_idx, uintptr_t recv_topk_weights,
                          uintptr_t recv_src_idx, uintptr_t source_num_tokens, uintptr_t s, MaybeStream wait_for,
                          MaybeStream join_to) {
-  // With no rows known the counts step would wait on the host for them: that is dispatch_counts' job.
-  if (num_recv_rows < 1 && num_tokens_per_expert != 0)
-    throw InvalidArgument("dispatch: num_recv_rows must be >= 1 with num_tokens_per_expert, got " +
-                          std::to_string(num_recv_rows));
   const DispatchArgs a = dispatch_args(
       x, num_tokens, row_bytes, x_scales, num_scales, scale_stride_token, scale_stride_group, topk_idx, topk_weights,
       num_topk, num_experts, is_token_in_rank, rank_prefix_matrix, num_recv_rows, num_worst_tokens, config, recv_x,
@@ -131,8 +127,7 @@ void dispatch_known_rows(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, 
   set_channels(counts, config);
   counts.rank_prefix_matrix = ptr<int32_t>(rank_prefix_matrix);
   join_before(b, s, wait_for);
-  b.dispatch_counts(counts, stream(s));
-  b.dispatch(a, stream(s));
+  b.dispatch_known_rows(counts, a, stream(s));
   join_after(b, s, join_to);
 }
 

@@ -14,6 +14,9 @@ namespace turnout {
 struct ControlRegion {
   uint32_t barrier_arrivals[kMaxNvlRanks];  // [i]: barriers with this rank that NVL peer i has reached, ever
   uint32_t barrier_epochs[kMaxNvlRanks];    // [i]: barriers with peer i this rank has completed
+  // A launch of both steps of an intranode op (kernels/intranode/first_block.cuh):
+  // its blocks' arrivals (0 between launches) and the barrier's generation.
+  uint32_t first_block[2];
 };
 
 inline constexpr size_t kControlBytes = 4096;

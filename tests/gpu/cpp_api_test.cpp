@@ -226,6 +226,27 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
     for (int h = 0; h < H; ++h)
       EXPECT(out[t * H + h] == turnout::reference::double_to_bf16(double(R) * (rank * T + t)),
              "combined_x[%d, %d] = bf16 bits %u", t, h, unsigned(out[t * H + h]));
+
+  // The same tokens as a cached dispatch, whose rows are known before its
+  // counts step: both steps in one call (one launch where no other rank
+  // shares this GPU), the same rows as the first dispatch.
+  turnout::DispatchCountsArgs cached_counts = counts;
+  cached_counts.num_tokens_per_expert = nullptr;
+  cached_counts.num_experts = 0;
+  cached_counts.topk_idx = nullptr;
+  cached_counts.num_topk = 0;
+  cached_counts.num_worst_tokens = rows;
+  void* d_cached;
+  TURNOUT_CUDA_CHECK(cudaMalloc(&d_cached, size_t(rows) * H * 2));
+  TURNOUT_CUDA_CHECK(cudaMemset(d_cached, 0xff, size_t(rows) * H * 2));
+  turnout::DispatchArgs cached = d;
+  cached.out = {d_cached, nullptr, nullptr, nullptr, nullptr, nullptr};
+  buffer.dispatch_known_rows(cached_counts, cached, stream);
+  buffer.synchronize(stream, "cached dispatch");
+  std::vector<uint16_t> again(recv.size());
+  TURNOUT_CUDA_CHECK(cudaMemcpy(again.data(), d_cached, again.size() * 2, cudaMemcpyDeviceToHost));
+  TURNOUT_CUDA_CHECK(cudaFree(d_cached));
+  EXPECT(again == recv, "the cached dispatch's rows differ from the first dispatch's");
   free_all();
   return 0;
 }

@@ -9,9 +9,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
+#include "kernels/intranode/first_block.cuh"
 #include "kernels/intranode/launch.hpp"
+#include "kernels/intranode/notify_block.cuh"
 #include "kernels/intranode/ring_sender.cuh"
 #include "kernels/intranode/warp_group.cuh"
 #include "turnout/error.hpp"
@@ -232,8 +236,10 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   }
 }
 
+// The data step, on every block: even blocks send a channel's rows back, odd
+// ones reduce a channel's tokens.
 template <int kRows>
-__global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
+__device__ __forceinline__ void combine_blocks(const CombineParams& p) {
   if (device::wait_abandoned(p.ctx.errors)) return;
   // The step before found a handle that does not fit on some rank: every rank skips.
   const char* self = bytes(p.peers.buffers[p.peers.rank]);
@@ -254,18 +260,51 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
     return_slots(p, channel, s_next);
 }
 
+template <int kRows>
+__global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
+  combine_blocks<kRows>(p);
+}
+
+// Out of line: the handle check's registers are its own, not the data step's.
+__device__ __noinline__ void check_step(const NotifyParams& p) {
+  notify_step::notify_block<kThreads>(p);
+}
+
+// Both steps in one launch, where the rank has its GPU to itself (every block
+// resident at once): one launch less on the host's time.
+template <int kRows>
+__global__ void __launch_bounds__(kThreads, 1)
+    check_and_combine_kernel(const __grid_constant__ NotifyParams check, const __grid_constant__ CombineParams p) {
+  if (blockIdx.x == 0) check_step(check);
+  if (wait_for_first_block(p.peers, p.ctx, WaitSite::kBarrier)) combine_blocks<kRows>(p);
+}
+
+// Calls launch(rows) with the ranks rounded up to 2, 4 or 8 rows (an
+// integral_constant): the last covers every group size.
+template <typename Launch>
+void with_rows(int num_ranks, Launch launch) {
+  static_assert(kMaxNvlRanks == 8);
+  if (num_ranks <= 2)
+    launch(std::integral_constant<int, 2>{});
+  else if (num_ranks <= 4)
+    launch(std::integral_constant<int, 4>{});
+  else
+    launch(std::integral_constant<int, 8>{});
+}
+
 }  // namespace
 
 void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
-  const int blocks = p.region.num_channels * 2, R = p.peers.num_ranks;
-  // The ranks rounded up to 2, 4 or 8 rows: the last covers every group size.
-  static_assert(kMaxNvlRanks == 8);
-  if (R <= 2)
-    combine_kernel<2><<<blocks, kThreads, 0, stream>>>(p);
-  else if (R <= 4)
-    combine_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
-  else
-    combine_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
+  with_rows(p.peers.num_ranks, [&](auto rows) {
+    combine_kernel<decltype(rows)::value><<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+  });
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_intranode_check_and_combine(const NotifyParams& check, const CombineParams& p, cudaStream_t stream) {
+  with_rows(p.peers.num_ranks, [&](auto rows) {
+    check_and_combine_kernel<decltype(rows)::value><<<p.region.num_channels * 2, kThreads, 0, stream>>>(check, p);
+  });
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

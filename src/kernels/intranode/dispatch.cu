@@ -11,7 +11,9 @@
 
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
+#include "kernels/intranode/first_block.cuh"
 #include "kernels/intranode/launch.hpp"
+#include "kernels/intranode/notify_block.cuh"
 #include "kernels/intranode/ring_sender.cuh"
 #include "kernels/intranode/warp_group.cuh"
 #include "turnout/error.hpp"
@@ -279,7 +281,8 @@ __device__ void fill_padding(const DispatchParams& p, int receiver, int num_rece
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
+// The data step, on every block: even blocks send a channel, odd ones receive one.
+__device__ __forceinline__ void dispatch_blocks(const DispatchParams& p) {
   if (device::wait_abandoned(p.ctx.errors)) return;
   const char* self = bytes(p.peers.buffers[p.peers.rank]);
   // The counts step found a bad input on some rank: every rank skips, leaving
@@ -299,10 +302,33 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   }
 }
 
+__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
+  dispatch_blocks(p);
+}
+
+// Out of line: the counts step's registers are its own, not the data step's.
+__device__ __noinline__ void counts_step(const NotifyParams& p) {
+  notify_step::notify_block<kThreads>(p);
+}
+
+// Both steps in one launch, where the rank has its GPU to itself (every block
+// resident at once) and the host knows the receive rows before the counts: one
+// launch less on the host's time.
+__global__ void __launch_bounds__(kThreads, 1)
+    counts_and_dispatch_kernel(const __grid_constant__ NotifyParams counts, const __grid_constant__ DispatchParams p) {
+  if (blockIdx.x == 0) counts_step(counts);
+  if (wait_for_first_block(p.peers, p.ctx, WaitSite::kDispatchCounts)) dispatch_blocks(p);
+}
+
 }  // namespace
 
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream) {
   dispatch_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_intranode_counts_and_dispatch(const NotifyParams& counts, const DispatchParams& p, cudaStream_t stream) {
+  counts_and_dispatch_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(counts, p);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

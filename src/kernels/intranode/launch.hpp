@@ -68,6 +68,10 @@ struct DispatchParams {
   WaitContext ctx;
 };
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);
+// Both in one launch, the counts step in its first block, whose other blocks
+// wait for it: only where every block is resident at once (no other rank on
+// the GPU), and with no host wait between the steps (mailbox null).
+void launch_intranode_counts_and_dispatch(const NotifyParams& counts, const DispatchParams& p, cudaStream_t stream);
 
 struct CombineParams {
   Peers peers;
@@ -77,6 +81,9 @@ struct CombineParams {
   WaitContext ctx;
 };
 void launch_intranode_combine(const CombineParams& p, cudaStream_t stream);
+// Both in one launch (the handle check in its first block): only where every
+// block is resident at once (no other rank on the GPU).
+void launch_intranode_check_and_combine(const NotifyParams& check, const CombineParams& p, cudaStream_t stream);
 
 // The token range [begin(c), begin(c + 1)) of channel c: contiguous, so the
 // tokens of one channel stay in source order.

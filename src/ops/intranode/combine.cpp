@@ -1,5 +1,6 @@
 // Combine: the handle is checked on the device (notify), then the rows go back
-// to their source ranks and are reduced there.
+// to their source ranks and are reduced there; both in one launch where the
+// rank has its GPU to itself.
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
 
@@ -14,8 +15,15 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   core.begin_call();
   const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
   const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
-  kernels::launch_intranode_notify({peers, plan.region, false, {}, handle, nullptr, 0, ctx}, stream);
-  kernels::launch_intranode_combine({peers, plan.region, plan.slot, a, ctx}, stream);
+  const kernels::NotifyParams check{peers, plan.region, false, {}, handle, nullptr, 0, ctx};
+  const kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx};
+  // One launch where no other rank shares the GPU (every block resident at once).
+  if (core.ranks_on_gpu() == 1) {
+    kernels::launch_intranode_check_and_combine(check, data, stream);
+  } else {
+    kernels::launch_intranode_notify(check, stream);
+    kernels::launch_intranode_combine(data, stream);
+  }
   core.check_errors(op);
 }
 

@@ -64,18 +64,23 @@ DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const D
   auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(mailbox.device()) : nullptr;
   const int32_t sequence = mailbox.next_sequence();
   core.begin_dispatch_call();
-  const Topology& t = core.topology();
-  kernels::NotifyParams p{{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks},
-                          region,
-                          true,
-                          a,
-                          {},
-                          device_box,
-                          sequence,
-                          core.wait_context(OpKind::kDispatch, true)};
-  kernels::launch_intranode_notify(p, stream);
+  kernels::launch_intranode_notify(counts_params(core, a, region, device_box, sequence), stream);
   if (!wait) return {};
-  return wait_recv_counts(core, mailbox, op, sequence, a.num_experts / t.num_ranks);
+  return wait_recv_counts(core, mailbox, op, sequence, a.num_experts / core.topology().num_ranks);
+}
+
+kernels::NotifyParams counts_params(BufferCore& core, const DispatchCountsArgs& a,
+                                    const kernels::IntranodeRegion& region, kernels::RecvCountsMailbox* mailbox,
+                                    int32_t sequence) {
+  const Topology& t = core.topology();
+  return {{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks},
+          region,
+          true,
+          a,
+          {},
+          mailbox,
+          sequence,
+          core.wait_context(OpKind::kDispatch, true)};
 }
 
 }  // namespace turnout::intranode

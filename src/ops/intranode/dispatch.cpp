@@ -1,22 +1,53 @@
-// A dispatch's data step: the tokens move into outputs sized from the counts.
+// A dispatch's data step: the tokens move into outputs sized from the counts;
+// and both steps at once where the host knows those sizes before the counts.
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
+#include "ops/require.hpp"
 
 namespace turnout::intranode {
+namespace {
+
+kernels::DispatchParams data_params(BufferCore& core, const DispatchArgs& a, const DispatchPlan& plan) {
+  const Topology& t = core.topology();
+  return {{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks},
+          plan.region,
+          plan.slot,
+          a,
+          a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
+          core.wait_context(OpKind::kDispatch, true)};
+}
+
+}  // namespace
 
 void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
   const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const DispatchPlan plan = check_dispatch(a, shape);
-  const Topology& t = core.topology();
   // The data step belongs to the call of the counts step before it.
-  kernels::launch_intranode_dispatch({{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks},
-                                      plan.region,
-                                      plan.slot,
-                                      a,
-                                      a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
-                                      core.wait_context(OpKind::kDispatch, true)},
-                                     stream);
+  kernels::launch_intranode_dispatch(data_params(core, a, plan), stream);
+  core.check_errors(op);
+}
+
+void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
+                         const DispatchArgs& a, cudaStream_t stream) {
+  const char* op = "dispatch";
+  // With rows to wait for the counts step would need the host between the steps.
+  ops::require(counts.num_worst_tokens > 0 || counts.num_tokens_per_expert == nullptr, op,
+               "both steps in one call need the receive rows known before the counts: num_worst_tokens > 0, or "
+               "a cached dispatch (no num_tokens_per_expert)");
+  const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  const kernels::IntranodeRegion region = check_dispatch_counts(counts, shape);
+  const DispatchPlan plan = check_dispatch(a, shape);
+  const int32_t sequence = mailbox.next_sequence();
+  core.begin_dispatch_call();
+  const kernels::NotifyParams notify = counts_params(core, counts, region, nullptr, sequence);
+  const kernels::DispatchParams data = data_params(core, a, plan);
+  if (core.ranks_on_gpu() == 1) {
+    kernels::launch_intranode_counts_and_dispatch(notify, data, stream);
+  } else {
+    kernels::launch_intranode_notify(notify, stream);
+    kernels::launch_intranode_dispatch(data, stream);
+  }
   core.check_errors(op);
 }
 

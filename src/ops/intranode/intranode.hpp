@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/intranode/launch.hpp"
 #include "ops/buffer_core.hpp"
 #include "ops/intranode/check.hpp"
 #include "runtime/cuda_resources.hpp"
@@ -56,8 +57,17 @@ BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tok
 // wait for them on the host (see turnout::Buffer::dispatch_counts).
 DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& args,
                                cudaStream_t stream);
+// The counts step's parameters (mailbox: null where the host does not wait).
+kernels::NotifyParams counts_params(BufferCore& core, const DispatchCountsArgs& args,
+                                    const kernels::IntranodeRegion& region, kernels::RecvCountsMailbox* mailbox,
+                                    int32_t sequence);
 // Step 2: move the tokens.
 void dispatch(BufferCore& core, const DispatchArgs& args, cudaStream_t stream);
+// Both steps where the receive rows are known before the counts (see
+// turnout::Buffer::dispatch_known_rows): one launch where this rank has its
+// GPU to itself.
+void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
+                         const DispatchArgs& args, cudaStream_t stream);
 void combine(BufferCore& core, const CombineArgs& args, cudaStream_t stream);
 
 }  // namespace turnout::intranode
