@@ -15,11 +15,11 @@ namespace turnout::kernels {
 // Every block waits here until block 0 has run the first step: a barrier of
 // the grid on two words of this rank's control region (where no user data
 // lies: the arrivals read 0 at every launch), which a CUDA graph's replays
-// pass as eager launches do. A
-// block reads the generation before it arrives; the last to arrive (block 0,
-// as a rule) clears the arrivals for the next launch and moves the generation
-// on. False where the wait gave up (another wait of this rank timed out, or
-// block 0 never came, recorded at `site`): the block then does nothing.
+// pass as eager launches do. A block reads the generation before it arrives;
+// the last to arrive (block 0, as a rule) clears the arrivals for the next
+// launch and moves the generation on. False where the wait gave up (another
+// wait of this rank timed out, or block 0 never came, recorded at `site`):
+// the block then does nothing.
 __device__ __forceinline__ bool wait_for_first_block(const Peers& peers, const WaitContext& ctx, WaitSite site) {
   __shared__ bool passed;
   if (threadIdx.x == 0) {
