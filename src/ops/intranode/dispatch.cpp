@@ -1,5 +1,7 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
+#include <string>
+
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
 #include "ops/require.hpp"
@@ -31,11 +33,16 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
 void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
                          const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
+  const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   // With rows to wait for the counts step would need the host between the steps.
   ops::require(counts.num_worst_tokens > 0 || counts.num_tokens_per_expert == nullptr, op,
                "both steps in one call need the receive rows known before the counts: num_worst_tokens > 0, or "
                "a cached dispatch (no num_tokens_per_expert)");
-  const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
+  // The counts step bounds the receive count by num_worst_tokens: a bound past the outputs' rows would let it through.
+  ops::require(counts.num_worst_tokens <= a.num_recv_rows, op, [&] {
+    return "the counts' num_worst_tokens (" + std::to_string(counts.num_worst_tokens) +
+           ") must not exceed the outputs' num_recv_rows (" + std::to_string(a.num_recv_rows) + ")";
+  });
   const kernels::IntranodeRegion region = check_dispatch_counts(counts, shape);
   const DispatchPlan plan = check_dispatch(a, shape);
   const int32_t sequence = mailbox.next_sequence();
