@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/dependent_launch.cuh"
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/rank_mask.cuh"
@@ -554,8 +555,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_kernel(const __grid_constant__ LowLatencyCombineParams p, const int phases) {
   __shared__ void* table[kSharedRegionTable];
   __shared__ __align__(16) char stage[kLogfmt ? kWarps * kStageBytes : 16];
-  stamp_start();
   const Transport tr = block_transport<Transport>(p.group, table);
+  // The inputs and the call numbers may come from the kernel before.
+  device::wait_for_prior_grids();
+  device::allow_dependents();
+  stamp_start();
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
   const uint64_t send_n = phases & kPhaseSend ? call_number(&state->combine_send) : 0;
@@ -576,10 +580,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool kLogfmt, class Transport>
 void launch(const LowLatencyCombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
   if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
-    combine_kernel<kLogfmt, Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
+    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p,
+                             phase_bits(phase));
   } else {
-    combine_kernel<kLogfmt, Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseSend);
-    combine_kernel<kLogfmt, Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseReceive);
+    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p, kPhaseSend);
+    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p, kPhaseReceive);
   }
 }
 

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/dependent_launch.cuh"
 #include "kernels/device/error_record.cuh"
 #include "kernels/device/fp8_cast.cuh"
 #include "kernels/device/memory_order.cuh"
@@ -712,8 +713,11 @@ template <class Transport>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ LowLatencyDispatchParams p, const int phases) {
   __shared__ void* table[kSharedRegionTable];
-  stamp_start();
   const Transport tr = block_transport<Transport>(p.group, table);
+  // The inputs and the call numbers may come from the kernel before.
+  device::wait_for_prior_grids();
+  device::allow_dependents();
+  stamp_start();
   LocalState* state = &reinterpret_cast<FixedArea*>(tr.local())->local;
   // Both numbers before any work: the receive's last block stores the send's.
   const uint64_t send_n = phases & kPhaseSend ? call_number(&state->dispatch_send) : 0;
@@ -737,10 +741,10 @@ void launch_dispatch_on(const LowLatencyDispatchArgs& args, const Region& region
   const LowLatencyDispatchParams p{args, region, group,
                                    make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
   if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
-    dispatch_kernel<Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, phase_bits(phase));
+    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, phase_bits(phase));
   } else {
-    dispatch_kernel<Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseSend);
-    dispatch_kernel<Transport><<<group.num_blocks, kThreads, 0, stream>>>(p, kPhaseReceive);
+    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseSend);
+    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseReceive);
   }
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
