@@ -265,17 +265,12 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   combine_blocks<kRows>(p);
 }
 
-// Out of line: the handle check's registers are its own, not the data step's.
-__device__ __noinline__ void check_step(const NotifyParams& p) {
-  notify_step::notify_block<kThreads>(p);
-}
-
 // Both steps in one launch, where the rank has its GPU to itself (every block
 // resident at once): one launch less on the host's time.
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 1)
     check_and_combine_kernel(const __grid_constant__ NotifyParams check, const __grid_constant__ CombineParams p) {
-  if (blockIdx.x == 0) check_step(check);
+  if (blockIdx.x == 0) notify_step::notify_block_out_of_line<kThreads>(check);
   if (wait_for_first_block(p.peers, p.ctx, WaitSite::kBarrier)) combine_blocks<kRows>(p);
 }
 

@@ -306,17 +306,12 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   dispatch_blocks(p);
 }
 
-// Out of line: the counts step's registers are its own, not the data step's.
-__device__ __noinline__ void counts_step(const NotifyParams& p) {
-  notify_step::notify_block<kThreads>(p);
-}
-
 // Both steps in one launch, where the rank has its GPU to itself (every block
 // resident at once) and the host knows the receive rows before the counts: one
 // launch less on the host's time.
 __global__ void __launch_bounds__(kThreads, 1)
     counts_and_dispatch_kernel(const __grid_constant__ NotifyParams counts, const __grid_constant__ DispatchParams p) {
-  if (blockIdx.x == 0) counts_step(counts);
+  if (blockIdx.x == 0) notify_step::notify_block_out_of_line<kThreads>(counts);
   if (wait_for_first_block(p.peers, p.ctx, WaitSite::kDispatchCounts)) dispatch_blocks(p);
 }
 

@@ -277,4 +277,11 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   }
 }
 
+// Out of line, for a kernel that runs the counts step in one block beside its
+// data step: the step's registers are its own, not the data step's.
+template <int kThreads>
+__device__ __noinline__ void notify_block_out_of_line(const NotifyParams& p) {
+  notify_block<kThreads>(p);
+}
+
 }  // namespace turnout::kernels::notify_step

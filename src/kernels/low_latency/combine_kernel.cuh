@@ -601,7 +601,6 @@ void launch_combine_on(const LowLatencyCombineArgs& args, const Region& region, 
     launch<true, Transport>(p, group, phase, stream);
   else
     launch<false, Transport>(p, group, phase, stream);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

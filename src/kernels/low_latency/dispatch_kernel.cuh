@@ -746,7 +746,6 @@ void launch_dispatch_on(const LowLatencyDispatchArgs& args, const Region& region
     device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseSend);
     device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseReceive);
   }
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
