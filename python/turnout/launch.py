@@ -3,7 +3,8 @@ initialized (the way a user's job runs), and collects what the function
 returns. Ranks go round-robin over the visible GPUs, so N may exceed the GPU
 count: ranks that share a GPU run under an MPS daemon of the run's own
 (``gpu_sharing``) and talk through Gloo, since NCCL refuses two ranks of one
-group on one GPU."""
+group on one GPU. With ``TURNOUT_BIND_CPUS=1`` each rank's process runs on
+the CPUs local to its GPU (``cpu_binding``)."""
 import multiprocessing as mp
 import os
 import queue
@@ -13,6 +14,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .cpu_binding import bind_to_gpu
 from .gpu_sharing import shared_gpus
 
 _LOWEST_PORT = 10000
@@ -69,6 +71,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str, device: int, en
 
     try:
         init_process(rank, world_size, port, backend, device)
+        if os.environ.get("TURNOUT_BIND_CPUS") == "1":
+            bind_to_gpu(device)
         out = fn(rank, world_size, *args)
         results.put((rank, "ok", out))
     except BaseException:  # reported to the parent, which raises

@@ -48,6 +48,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", default="bench-results.json", metavar="PATH",
                         help="where to write the results (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sizes, for a smoke run")
+    parser.add_argument("--bind-cpus", action="store_true",
+                        help="run each rank's process on the CPUs local to its GPU (sets TURNOUT_BIND_CPUS=1, "
+                             "which the JSON's environment records)")
     shape = parser.add_argument_group(f"shape (only {', '.join(SHAPE_OPTIONS)}; the others keep their protocol's)")
     for option in shape_options():
         defaults = ", ".join(f"{name} {values[option]}" for name, values in SHAPE_OPTIONS.items() if option in values)
@@ -70,6 +73,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if args.bind_cpus:
+        os.environ["TURNOUT_BIND_CPUS"] = "1"  # read by every rank's process as it starts (turnout.launch)
     command = ["python", "-m", "turnout.bench"] + (sys.argv[1:] if argv is None else list(argv))
     results, errors, panels = {}, {}, {}
     machine = report.machine_info(args.ranks)

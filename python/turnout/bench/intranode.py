@@ -181,6 +181,7 @@ def merge(per_rank: List[List[Dict]], shared: bool) -> List[Dict]:
             if values:
                 row[key] = statistics.median(values)
                 row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
+                row[f"{key}_by_rank"] = [r.get(key) for r in rows]
         # Where ranks share a GPU no byte crosses NVLink.
         if row.get("gbps") is not None and not shared:
             row["pct_of_raw"] = pct_of_raw(row["gbps"])

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..buffer import Buffer
+from ..cpu_binding import format_cpu_list
 from ..launch import gpus_shared, run_on_local_gpus
 from . import SHAPE_OPTIONS, shape_problem
 from .progress import Progress
@@ -424,11 +425,13 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     gpu.append(make_row("gpu", PAIR, "events, eager, L2 flushed", time_us=statistics.median(times), iters=len(times)))
     s.buffer.check_errors()
 
+    # Where the host times ran: the CPUs this rank's process may use.
+    cpus = format_cpu_list(os.sched_getaffinity(0))
     for op, build, part_names in host_figures:
         progress.step(f"host: {op}")
         for name, (us, after_sync) in zip(part_ops(op, part_names), host_times(build(s), host_iters)):
             host.append(make_row("host", name, "perf_counter_ns", time_us=us, host_us_after_sync=after_sync,
-                                 iters=host_iters))
+                                 iters=host_iters, cpus=cpus))
     s.buffer.check_errors()
 
     progress.step(LONG_PAIR)

@@ -102,18 +102,25 @@ def time_parts(parts: Sequence[Callable[[], object]], iters: int, warmup: int,
     return [[events[i][0].elapsed_time(events[i][1]) * 1e3 for events in rounds] for i in range(len(parts))]
 
 
-def merge_ranks(per_rank: List[List[Dict]], *keys: str) -> List[Dict]:
+def merge_ranks(per_rank: List[List[Dict]], *keys: str, listed: Sequence[str] = ("cpus",)) -> List[Dict]:
     """Every rank returns the same rows in the same order; one row per
-    measurement comes back, with each of ``keys`` the median over ranks and
-    ``<key>_min`` / ``<key>_max`` beside it (a key a row lacks or holds as
-    None is left as it is)."""
+    measurement comes back, with each of ``keys`` the median over ranks,
+    ``<key>_min`` / ``<key>_max`` beside it and every rank's value in rank
+    order in ``<key>_by_rank`` (a key a row lacks or holds as None is left as
+    it is). A key of ``listed`` present in a row becomes ``<key>_by_rank``
+    only."""
     merged = []
     for rows in zip(*per_rank):
         row = dict(rows[0])
         for key in keys:
             values = [r[key] for r in rows if r.get(key) is not None]
             if values:
-                row.update({key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values)})
+                row.update({key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values),
+                            f"{key}_by_rank": [r.get(key) for r in rows]})
+        for key in listed:
+            if key in row:
+                row[f"{key}_by_rank"] = [r.get(key) for r in rows]
+                del row[key]
         row["ranks"] = len(rows)
         merged.append(row)
     return merged
