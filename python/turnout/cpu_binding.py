@@ -51,10 +51,17 @@ def gpu_local_cpus(device: int) -> Optional[List[int]]:
     return local_cpus(f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")
 
 
+def allowed_cpus() -> Optional[str]:
+    """The CPUs this process may run on, as a CPU list (None off Linux)."""
+    return format_cpu_list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def bind_to_gpu(device: int) -> Optional[List[int]]:
     """Restricts this process to the CPUs local to ``device`` that it may
     already use; returns them, or None (and changes nothing) where they are
     unknown or none of them is allowed."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
     local = gpu_local_cpus(device)
     if not local:
         return None

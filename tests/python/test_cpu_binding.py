@@ -19,6 +19,7 @@ def test_cpu_lists_parse_and_format_back(text, cpus):
 def test_format_joins_runs():
     assert cpu_binding.format_cpu_list([5, 0, 1, 2, 9, 10]) == "0-2,5,9-10"
     assert cpu_binding.format_cpu_list([]) == ""
+    assert cpu_binding.allowed_cpus() == cpu_binding.format_cpu_list(os.sched_getaffinity(0))
 
 
 def test_a_backward_range_is_refused():
@@ -53,7 +54,7 @@ def test_bind_keeps_to_the_allowed_local_cpus(monkeypatch):
         assert os.sched_getaffinity(0) == before
 
 
-def test_merged_rows_keep_every_rank(monkeypatch):
+def test_merged_rows_keep_every_rank():
     per_rank = [[{"op": "a", "time_us": t, "cpus": c}] for t, c in ((3.0, "0-3"), (9.0, "4-7"), (4.0, "0-3"))]
     row, = merge_ranks(per_rank, "time_us")
     assert row["time_us"] == 4.0 and row["time_us_min"] == 3.0 and row["time_us_max"] == 9.0
@@ -62,6 +63,6 @@ def test_merged_rows_keep_every_rank(monkeypatch):
     assert row["ranks"] == 3
 
 
-def test_bench_flag(monkeypatch):
+def test_bench_flag():
     assert parse_args(["low_latency", "--bind-cpus"]).bind_cpus
     assert not parse_args(["low_latency"]).bind_cpus

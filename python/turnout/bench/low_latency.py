@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..buffer import Buffer
-from ..cpu_binding import format_cpu_list
+from ..cpu_binding import allowed_cpus
 from ..launch import gpus_shared, run_on_local_gpus
 from . import SHAPE_OPTIONS, shape_problem
 from .progress import Progress
@@ -426,7 +426,7 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     s.buffer.check_errors()
 
     # Where the host times ran: the CPUs this rank's process may use.
-    cpus = format_cpu_list(os.sched_getaffinity(0))
+    cpus = allowed_cpus()
     for op, build, part_names in host_figures:
         progress.step(f"host: {op}")
         for name, (us, after_sync) in zip(part_ops(op, part_names), host_times(build(s), host_iters)):
