@@ -56,7 +56,7 @@ def test_bind_keeps_to_the_allowed_local_cpus(monkeypatch):
 
 def test_merged_rows_keep_every_rank():
     per_rank = [[{"op": "a", "time_us": t, "cpus": c}] for t, c in ((3.0, "0-3"), (9.0, "4-7"), (4.0, "0-3"))]
-    row, = merge_ranks(per_rank, "time_us")
+    row, = merge_ranks(per_rank, "time_us", listed=("cpus",))
     assert row["time_us"] == 4.0 and row["time_us_min"] == 3.0 and row["time_us_max"] == 9.0
     assert row["time_us_by_rank"] == [3.0, 9.0, 4.0]
     assert row["cpus_by_rank"] == ["0-3", "4-7", "0-3"] and "cpus" not in row

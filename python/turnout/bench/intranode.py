@@ -16,7 +16,7 @@ from ..buffer import Buffer
 from ..launch import gpus_shared, run_on_local_gpus
 from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
-from .timing import time_each
+from .timing import merge_ranks, time_each
 
 TITLE = (f"intranode: dispatch / combine, hidden 7168, top-8 of 256 experts; logical GB/s per rank (median over "
          f"ranks), % of NVLink raw {NVLINK_RAW_GBPS:.0f} GB/s; target >= 450 GB/s with <= 24 SMs")
@@ -173,21 +173,12 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
 
 
 def merge(per_rank: List[List[Dict]], shared: bool) -> List[Dict]:
-    merged = []
-    for rows in zip(*per_rank):
-        row = dict(rows[0])
-        for key in ("gbps", "time_us", "host_us", "host_us_after_sync"):
-            values = [r[key] for r in rows if r.get(key) is not None]
-            if values:
-                row[key] = statistics.median(values)
-                row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
-                row[f"{key}_by_rank"] = [r.get(key) for r in rows]
+    merged = merge_ranks(per_rank, "gbps", "time_us", "host_us", "host_us_after_sync")
+    for row in merged:
         # Where ranks share a GPU no byte crosses NVLink.
         if row.get("gbps") is not None and not shared:
             row["pct_of_raw"] = pct_of_raw(row["gbps"])
         row["ranks_share_gpus"] = shared
-        row["ranks"] = len(rows)
-        merged.append(row)
     return merged
 
 

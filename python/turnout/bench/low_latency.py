@@ -525,7 +525,7 @@ def run(num_ranks: Optional[int], quick: bool, **shape: int) -> List[Dict]:
     check_shape(shape, world_size)
     per_rank = run_on_local_gpus(measure, (quick, shape), num_ranks, "nccl")
     rows = merge_ranks(per_rank, "time_us", "host_us_after_sync", "ours_bytes", "ref_bytes", "ratio",
-                       "ours_messages", "ref_messages", "message_ratio", *PAIR_LOOP_DETAILS)
+                       "ours_messages", "ref_messages", "message_ratio", *PAIR_LOOP_DETAILS, listed=("cpus",))
     return finish(rows, world_size, gpus_shared(world_size))
 
 

@@ -102,7 +102,7 @@ def time_parts(parts: Sequence[Callable[[], object]], iters: int, warmup: int,
     return [[events[i][0].elapsed_time(events[i][1]) * 1e3 for events in rounds] for i in range(len(parts))]
 
 
-def merge_ranks(per_rank: List[List[Dict]], *keys: str, listed: Sequence[str] = ("cpus",)) -> List[Dict]:
+def merge_ranks(per_rank: List[List[Dict]], *keys: str, listed: Sequence[str] = ()) -> List[Dict]:
     """Every rank returns the same rows in the same order; one row per
     measurement comes back, with each of ``keys`` the median over ranks,
     ``<key>_min`` / ``<key>_max`` beside it and every rank's value in rank

@@ -1,5 +1,6 @@
 // The counts step in a launch of its own (notify_block.cuh): dispatch's where
-// the host waits for its counts or ranks share the GPU, combine's always.
+// the host waits for its counts or ranks share the GPU, combine's handle check
+// where ranks share the GPU.
 #include <cuda_runtime.h>
 
 #include "kernels/intranode/launch.hpp"
