@@ -16,7 +16,8 @@
 // destination; its first warp also writes the headers and counts.
 //
 // Receive: every block scans the counts of all (expert, source) pairs into
-// row offsets; rows are in (expert, source, token) order. The message slots
+// row offsets; rows are in (expert, source, token) order. Where the call's
+// token bits fit, the block copies them to shared memory in the same round. The message slots
 // are spread over every warp of the grid, one slot a warp: a message's row
 // for expert l is the pair's first row plus the bits of l below its token, so
 // the warp reads the row once and stores it to each of its experts' rows.
@@ -70,6 +71,11 @@ static_assert(offsetof(FixedArea, token_bits) % 16 == 0 && kTokenBitsWords % 4 =
               "token bits are zeroed in 16-byte words");
 // The count scan: (expert, source) pairs a thread.
 constexpr int kPairsPerThread = (kLowLatencyMaxExperts + kThreads - 1) / kThreads;
+// Shared memory the send's headers use and, after them, the receive's copy of
+// the call's token bits where they fit: one 16-byte word a thread.
+constexpr int kScratchBytes = kWarps * kLowLatencyMaxTopk * static_cast<int>(sizeof(MessageHeader));
+constexpr int kSharedBitsWords = 4 * kThreads;
+static_assert(kSharedBitsWords * 4 <= kScratchBytes);
 static_assert(kLowLatencyMaxHidden / kScaleGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
 // A token's destinations are lane masks over its top-k slots (lanes below
 // kLowLatencyMaxTopk); the bit above stands for this rank's staging area.
@@ -364,8 +370,9 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
 // (block 0) this rank's token count and whether it gave weights, then the
 // block's arrival at every rank (in shrink mode: every unmasked rank).
 template <class Transport>
-__device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n) {
-  __shared__ __align__(16) MessageHeader headers[kWarps][kLowLatencyMaxTopk];
+__device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n,
+                                          char* scratch) {
+  auto* headers = reinterpret_cast<MessageHeader(*)[kLowLatencyMaxTopk]>(scratch);
   __shared__ uint32_t live_bits[kRankWords];
   const uint32_t seq = call_tag(n);
   const int parity = static_cast<int>(n & 1), set = static_cast<int>(n % kCountSets);
@@ -446,6 +453,14 @@ __device__ __forceinline__ bool wait_for_sources(const LowLatencyDispatchParams&
   return ok;
 }
 
+// The call's token bits, copied to shared memory (`to`, null where they do
+// not fit) while the counts load: thread x copies 16-byte word x.
+struct BitsCopy {
+  const int4* from;
+  int4* to;
+  int words;  // 4-byte words
+};
+
 // Exclusive prefix sums of the counts in (expert, source) order: the rows of
 // pair i = l * R + s are [first_row[i], first_row[i + 1]) of the flat
 // numbering, first_row[E] their total; sources with no tokens (masked ones)
@@ -453,10 +468,13 @@ __device__ __forceinline__ bool wait_for_sources(const LowLatencyDispatchParams&
 // kPairsPerThread * x on.
 __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int num_ranks, int num_pairs,
                                             int max_count, const int32_t* source_tokens, int32_t* first_row,
-                                            int32_t* warp_sums) {
+                                            int32_t* warp_sums, const BitsCopy& bits) {
   const int experts_per_rank = num_pairs / num_ranks;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i0 = kPairsPerThread * static_cast<int>(threadIdx.x);
+  // Issued before the counts' loads: the two rounds overlap.
+  const bool copies = bits.to != nullptr && 4 * static_cast<int>(threadIdx.x) < bits.words;
+  const int4 bit_word = copies ? __ldcg(bits.from + threadIdx.x) : make_int4(0, 0, 0, 0);
   int32_t c[kPairsPerThread];
   int32_t sum = 0;
 #pragma unroll
@@ -468,6 +486,7 @@ __device__ __forceinline__ void scan_counts(const FixedArea* fixed, int set, int
                : 0;
     sum += c[u];
   }
+  if (copies) bits.to[threadIdx.x] = bit_word;
   const int32_t mine = sum;
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
@@ -546,10 +565,12 @@ __device__ __forceinline__ void load_row_words(int4* v, const char* payload, int
 // Slot (s, t), by one warp: the header, the scales and the row's first words
 // load in one round (whatever the slot holds); if it is a message of this
 // call, lane j < n finds entry j's row (its local expert l's first row for s,
-// plus the tokens of s before t that name l: the bits below t) and writes the
-// plan's entry, and the warp copies the row and scales to each entry's row.
+// plus the tokens of s before t that name l: the bits below t, from
+// `shared_bits` where the call's bits are there) and writes the plan's entry,
+// and the warp copies the row and scales to each entry's row.
 __device__ __forceinline__ void place_message(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
-                                              int parity, int set, const int32_t* first_row, int s, int t, int lane) {
+                                              int parity, int set, const int32_t* first_row,
+                                              const uint32_t* shared_bits, int s, int t, int lane) {
   const LowLatencyDispatchArgs& a = p.args;
   const int H = a.hidden, M = a.num_max_tokens, R = p.group.num_ranks, L = a.num_experts / R;
   const int64_t rows_per_expert = static_cast<int64_t>(M) * R;
@@ -583,11 +604,18 @@ __device__ __forceinline__ void place_message(const LowLatencyDispatchParams& p,
   int64_t row = 0;
   if (mine) {
     const int words = token_words(M);
-    const auto* bits = reinterpret_cast<const uint32_t*>(local + token_bits_offset(set, s, L, words)) +
-                       static_cast<int64_t>(name) * words;
-    int before = __popc(__ldcg(bits + t / 32) & ((1u << (t % 32)) - 1));
+    const int64_t pair_word = (static_cast<int64_t>(s) * L + name) * words;
+    int before = 0;
+    if (shared_bits != nullptr) {
+      const uint32_t* bits = shared_bits + pair_word;
+      before = __popc(bits[t / 32] & ((1u << (t % 32)) - 1));
+      for (int w = 0; w < t / 32; ++w) before += __popc(bits[w]);
+    } else {
+      const auto* bits = reinterpret_cast<const uint32_t*>(local + token_bits_offset(set, 0, L, words)) + pair_word;
+      before = __popc(__ldcg(bits + t / 32) & ((1u << (t % 32)) - 1));
 #pragma unroll 4
-    for (int w = 0; w < t / 32; ++w) before += __popc(__ldcg(bits + w));
+      for (int w = 0; w < t / 32; ++w) before += __popc(__ldcg(bits + w));
+    }
     const int pair = name * R + s;
     row = first_row[pair] - first_row[name * R] + before;
     const int64_t out = name * rows_per_expert + row;
@@ -637,7 +665,7 @@ __device__ __forceinline__ void place_message(const LowLatencyDispatchParams& p,
 // first): its plan entries and rows; a slot past its source's tokens has none.
 __device__ __forceinline__ void place_messages(const LowLatencyDispatchParams& p, const char* local, uint32_t seq,
                                                int parity, int set, const int32_t* first_row,
-                                               const int32_t* source_tokens) {
+                                               const uint32_t* shared_bits, const int32_t* source_tokens) {
   const int R = p.group.num_ranks, M = p.args.num_max_tokens, lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t g = static_cast<int64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x;
@@ -645,7 +673,7 @@ __device__ __forceinline__ void place_messages(const LowLatencyDispatchParams& p
   for (int64_t i = g; i < static_cast<int64_t>(R) * M; i += warps) {
     const int s = static_cast<int>(i / M), t = static_cast<int>(i % M);
     if (t < source_tokens[s])
-      place_message(p, local, seq, parity, set, first_row, s, t, lane);
+      place_message(p, local, seq, parity, set, first_row, shared_bits, s, t, lane);
     else if (lane == 0)
       entries[i] = 0;
   }
@@ -657,7 +685,7 @@ __device__ __forceinline__ void place_messages(const LowLatencyDispatchParams& p
 // ran the send too (`sent`).
 template <class Transport>
 __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, const Transport& tr, uint64_t n,
-                                          uint64_t send_n, bool sent) {
+                                          uint64_t send_n, bool sent, char* scratch) {
   __shared__ int32_t first_row[kLowLatencyMaxExperts + 1];
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t source_tokens[kMaxGroupRanks];
@@ -684,11 +712,15 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
   const bool failed = first_rank(failed_sources, R, -1) >= 0;
   stamp(7);
   if (all_came && !failed) {
-    scan_counts(fixed, static_cast<int>(n % kCountSets), R, p.args.num_experts, p.args.num_max_tokens, source_tokens,
-                first_row, warp_sums);
+    const int set = static_cast<int>(n % kCountSets);
+    const int bit_words = p.args.num_experts * token_words(p.args.num_max_tokens);
+    auto* shared_bits = bit_words <= kSharedBitsWords ? reinterpret_cast<uint32_t*>(scratch) : nullptr;
+    const BitsCopy bits{reinterpret_cast<const int4*>(local + token_bits_offset(set, 0, 0, 0)),
+                        reinterpret_cast<int4*>(shared_bits), bit_words};
+    scan_counts(fixed, set, R, p.args.num_experts, p.args.num_max_tokens, source_tokens, first_row, warp_sums, bits);
     write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
     stamp(8);
-    place_messages(p, local, seq, parity, static_cast<int>(n % kCountSets), first_row, source_tokens);
+    place_messages(p, local, seq, parity, set, first_row, shared_bits, source_tokens);
     stamp(10);
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
     // A source's bad input: no rank places anything. This rank's own send
@@ -713,6 +745,7 @@ template <class Transport>
 __global__ void __launch_bounds__(kThreads, 1)
     dispatch_kernel(const __grid_constant__ LowLatencyDispatchParams p, const int phases) {
   __shared__ void* table[kSharedRegionTable];
+  __shared__ __align__(16) char scratch[kScratchBytes];
   const Transport tr = block_transport<Transport>(p.group, table);
   // The inputs and the call numbers may come from the kernel before.
   device::wait_for_prior_grids();
@@ -724,10 +757,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t recv_n = phases & kPhaseReceive ? call_number(&state->dispatch_recv) : 0;
   stamp(1, false, send_n + recv_n);
   if (phases & kPhaseSend) {
-    send_call(p, tr, send_n);
+    send_call(p, tr, send_n, scratch);
     if (!(phases & kPhaseReceive)) finish_phase(&state->dispatch_send, send_n, [] {});
   }
-  if (phases & kPhaseReceive) recv_call(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0);
+  if (phases & kPhaseReceive) recv_call(p, tr, recv_n, send_n, (phases & kPhaseSend) != 0, scratch);
   print_stamps("dispatch", p.group.rank, phases & kPhaseSend ? send_n : recv_n, phases);
 }
 
