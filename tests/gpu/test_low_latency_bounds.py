@@ -45,8 +45,8 @@ CASES = (
     # its rows).
     (LLCase("uniform", 1024, 1024, 256, 8, 16, "bf16"), dict(weights_at_dispatch=True, stats=True)),
     (LLCase("one_expert", 1024, 1024, 128, 8, 16, "fp8"), dict(logfmt=True)),
-    # Token bits too many for the receive's shared memory (128 experts x 32
-    # words): read from the region.
+    # Token bits too many for the dispatch receive's shared memory (128
+    # experts x 32 words = 4,096, over its 2,048): read from the region.
     (LLCase("uniform", 600, 1024, 64, 8, 128, "bf16"), dict()),
     # 1024 experts (512, 256, 128 per rank at 2, 4, 8 ranks): FP8 top-8; -1
     # slots with top-16 and pre-reduced combine; UE8M0 top-16.

@@ -17,10 +17,11 @@
 //
 // Receive: every block scans the counts of all (expert, source) pairs into
 // row offsets; rows are in (expert, source, token) order. Where the call's
-// token bits fit, the block copies them to shared memory in the same round. The message slots
-// are spread over every warp of the grid, one slot a warp: a message's row
-// for expert l is the pair's first row plus the bits of l below its token, so
-// the warp reads the row once and stores it to each of its experts' rows.
+// token bits fit, the block copies them to shared memory in the same round.
+// The message slots are spread over every warp of the grid, one slot a warp:
+// a message's row for expert l is the pair's first row plus the bits of l
+// below its token, so the warp reads the row once and stores it to each of
+// its experts' rows.
 //
 // A template on the transport (transport.cuh): src/kernels/low_latency/
 // dispatch.cu instantiates it on NVLink, the NVSHMEM library on NVSHMEM. A
@@ -713,9 +714,10 @@ __device__ __forceinline__ void recv_call(const LowLatencyDispatchParams& p, con
   stamp(7);
   if (all_came && !failed) {
     const int set = static_cast<int>(n % kCountSets);
-    const int bit_words = p.args.num_experts * token_words(p.args.num_max_tokens);
+    const int words = token_words(p.args.num_max_tokens), L = p.args.num_experts / R;
+    const int bit_words = p.args.num_experts * words;  // every source's, from source 0's on
     auto* shared_bits = bit_words <= kSharedBitsWords ? reinterpret_cast<uint32_t*>(scratch) : nullptr;
-    const BitsCopy bits{reinterpret_cast<const int4*>(local + token_bits_offset(set, 0, 0, 0)),
+    const BitsCopy bits{reinterpret_cast<const int4*>(local + token_bits_offset(set, 0, L, words)),
                         reinterpret_cast<int4*>(shared_bits), bit_words};
     scan_counts(fixed, set, R, p.args.num_experts, p.args.num_max_tokens, source_tokens, first_row, warp_sums, bits);
     write_counts(p, first_row, source_tokens, first_rank(weightless_sources, R, -1) < 0);
