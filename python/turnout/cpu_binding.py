@@ -1,8 +1,10 @@
-"""A rank's process on the CPUs nearest its GPU. The host's part of a call
+"""A rank's calls made from the CPUs nearest its GPU. The host's part of a call
 (argument checks, allocations, launches, the driver's doorbell writes) runs
 slower from a core on another NUMA node than the GPU's, and an unbound process
 may move between nodes; binding each rank to its GPU's node makes host times
-comparable between ranks and runs. Linux only (sysfs, sched_setaffinity)."""
+comparable between ranks and runs. Affinity is a thread's on Linux: what is
+bound is the calling thread (a rank's main thread, which makes the calls) and
+the threads it starts afterwards. Linux only (sysfs, sched_setaffinity)."""
 import os
 from typing import Iterable, List, Optional
 
@@ -52,13 +54,13 @@ def gpu_local_cpus(device: int) -> Optional[List[int]]:
 
 
 def allowed_cpus() -> Optional[str]:
-    """The CPUs this process may run on, as a CPU list (None off Linux)."""
+    """The CPUs the calling thread may run on, as a CPU list (None off Linux)."""
     return format_cpu_list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def bind_to_gpu(device: int) -> Optional[List[int]]:
-    """Restricts this process to the CPUs local to ``device`` that it may
-    already use; returns them, or None (and changes nothing) where they are
+    """Restricts the calling thread (and the threads it starts afterwards) to
+    the CPUs local to ``device`` that it may already use; returns them, or None (and changes nothing) where they are
     unknown or none of them is allowed."""
     if not hasattr(os, "sched_setaffinity"):
         return None

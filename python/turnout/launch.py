@@ -3,8 +3,8 @@ initialized (the way a user's job runs), and collects what the function
 returns. Ranks go round-robin over the visible GPUs, so N may exceed the GPU
 count: ranks that share a GPU run under an MPS daemon of the run's own
 (``gpu_sharing``) and talk through Gloo, since NCCL refuses two ranks of one
-group on one GPU. With ``TURNOUT_BIND_CPUS=1`` each rank's process runs on
-the CPUs local to its GPU (``cpu_binding``)."""
+group on one GPU. With ``TURNOUT_BIND_CPUS=1`` each rank's main thread runs
+on the CPUs local to its GPU (``cpu_binding``)."""
 import multiprocessing as mp
 import os
 import queue

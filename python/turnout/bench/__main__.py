@@ -49,7 +49,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="where to write the results (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sizes, for a smoke run")
     parser.add_argument("--bind-cpus", action="store_true",
-                        help="run each rank's process on the CPUs local to its GPU (sets TURNOUT_BIND_CPUS=1, "
+                        help="run each rank's main thread on the CPUs local to its GPU (sets TURNOUT_BIND_CPUS=1, "
                              "which the JSON's environment records)")
     shape = parser.add_argument_group(f"shape (only {', '.join(SHAPE_OPTIONS)}; the others keep their protocol's)")
     for option in shape_options():

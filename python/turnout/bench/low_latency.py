@@ -425,7 +425,7 @@ def measure(rank: int, world_size: int, quick: bool, shape: Dict[str, int]) -> L
     gpu.append(make_row("gpu", PAIR, "events, eager, L2 flushed", time_us=statistics.median(times), iters=len(times)))
     s.buffer.check_errors()
 
-    # Where the host times ran: the CPUs this rank's process may use.
+    # Where the host times ran: the CPUs this rank's main thread may use.
     cpus = allowed_cpus()
     for op, build, part_names in host_figures:
         progress.step(f"host: {op}")
