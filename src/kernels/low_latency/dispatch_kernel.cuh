@@ -78,6 +78,10 @@ constexpr int kScratchBytes = kWarps * kLowLatencyMaxTopk * static_cast<int>(siz
 constexpr int kSharedBitsWords = 4 * kThreads;
 static_assert(kSharedBitsWords * 4 <= kScratchBytes);
 static_assert(kLowLatencyMaxHidden / kScaleGroup <= 4 * 32, "a row's scales are at most one 16-byte word a lane");
+// A row's scales in 16-byte words (four groups a word): a team's two rows of
+// them fit in one warp's header space.
+constexpr int kMaxScaleWords = kLowLatencyMaxHidden / kScaleGroup / 4;
+static_assert(2 * kMaxScaleWords * 16 <= kLowLatencyMaxTopk * static_cast<int>(sizeof(MessageHeader)));
 // A token's destinations are lane masks over its top-k slots (lanes below
 // kLowLatencyMaxTopk); the bit above stands for this rank's staging area.
 constexpr int kStageTarget = 31;
@@ -184,16 +188,15 @@ __device__ __forceinline__ void put_bf16_pass(const Transport& tr, unsigned targ
 // A unit's four scale groups are lo lanes 0-15, lo 16-31, hi 0-15, hi 16-31.
 // Its e4m3 bytes (512) go out as one 16-byte word a lane: a lane swaps half
 // its bytes with its neighbour, so even lanes hold lo words lane, lane + 1 and
-// odd lanes hi words lane - 1, lane. Lane 0 stores the unit's four scales
-// (zeros past the row's groups).
+// odd lanes hi words lane - 1, lane. Lane 0 writes the unit's four scales
+// (zeros past the row's groups) to the team's row of scales, `scale_row`.
 template <class Transport>
 __device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targets, int rank, int64_t payload,
-                                             char* stage, const RowPass& pass, int hidden, bool round_scale, int first,
-                                             int stride, int lane) {
+                                             char* stage, const RowPass& pass, int4* scale_row, int hidden,
+                                             bool round_scale, int first, int stride, int lane) {
   const int n16 = hidden / 8, num_groups = hidden / kScaleGroup;
   const bool odd = lane & 1;
   int4 bytes[kUnitsPerPass];
-  int4 scales[kUnitsPerPass];
 #pragma unroll
   for (int u = 0; u < kUnitsPerPass; ++u) {
     const device::Fp8Scale lo =
@@ -208,10 +211,11 @@ __device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targe
     bytes[u] = make_int4(static_cast<int>(first_half.x), static_cast<int>(first_half.y),
                          static_cast<int>(second_half.x), static_cast<int>(second_half.y));
     const float s1 = __shfl_sync(~0u, lo.scale, 16), s3 = __shfl_sync(~0u, hi.scale, 16);
-    const int g = (first + u * stride) * 4;
-    scales[u] =
-        make_int4(__float_as_int(lo.scale), __float_as_int(g + 1 < num_groups ? s1 : 0.0f),
-                  __float_as_int(g + 2 < num_groups ? hi.scale : 0.0f), __float_as_int(g + 3 < num_groups ? s3 : 0.0f));
+    const int unit = first + u * stride, g = unit * 4;
+    if (lane == 0 && unit * kUnitWords < n16)
+      scale_row[unit] = make_int4(__float_as_int(lo.scale), __float_as_int(g + 1 < num_groups ? s1 : 0.0f),
+                                  __float_as_int(g + 2 < num_groups ? hi.scale : 0.0f),
+                                  __float_as_int(g + 3 < num_groups ? s3 : 0.0f));
   }
   for (unsigned m = targets; m; m &= m - 1) {
     char* base = payload_target(tr, __ffs(m) - 1, rank, payload, stage);
@@ -221,9 +225,31 @@ __device__ __forceinline__ void put_fp8_pass(const Transport& tr, unsigned targe
       // A group is 16 words, so both words of a lane's pair are in the row or neither.
       if (unit * kUnitWords + (odd ? 32 : 0) + lane < n16)
         device::store_16(base + 16 * (static_cast<int64_t>(unit) * 32 + (odd ? 16 : 0) + lane / 2), bytes[u]);
-      if (lane == 0 && unit * kUnitWords < n16)
-        device::store_16(base + hidden + 16 * static_cast<int64_t>(unit), scales[u]);
     }
+  }
+}
+
+// The warps of a team meet (a named barrier; a warp alone syncs itself).
+__device__ __forceinline__ void team_sync(int team, int team_warps) {
+  if (team_warps == 1)
+    __syncwarp();
+  else
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * team_warps) : "memory");
+}
+
+// Once every warp of the team has written its units' scales: the team's
+// first warp stores the row's scales (`units` 16-byte words) to every target
+// in one store each, rather than a 16-byte store per unit from each warp.
+template <class Transport>
+__device__ __forceinline__ void put_fp8_scales(const Transport& tr, unsigned targets, int rank, int64_t payload,
+                                               char* stage, const int4* scale_row, int hidden, int units, int team,
+                                               int member, int team_warps, int lane) {
+  team_sync(team, team_warps);
+  if (member != 0) return;
+  const int4 v = lane < units ? scale_row[lane] : make_int4(0, 0, 0, 0);
+  for (unsigned m = targets; m; m &= m - 1) {
+    char* base = payload_target(tr, __ffs(m) - 1, rank, payload, stage);
+    if (lane < units) device::store_16(base + hidden + 16 * static_cast<int64_t>(lane), v);
   }
 }
 
@@ -304,8 +330,8 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
 // `live` that hold one of its experts.
 template <class Transport>
 __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, const Transport& tr,
-                                           MessageHeader* headers, uint32_t seq, int parity, int set, int t, int team,
-                                           int member, int team_warps, int lane, PeerSet live) {
+                                           MessageHeader* headers, int4* scale_row, uint32_t seq, int parity, int set,
+                                           int t, int team, int member, int team_warps, int lane, PeerSet live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
   const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
@@ -344,18 +370,17 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
     if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
     if (a.use_fp8)
-      put_fp8_pass(tr, targets, ranks.rank, payload, stage, pass, H, a.round_scale, first, team_warps, lane);
+      put_fp8_pass(tr, targets, ranks.rank, payload, stage, pass, scale_row, H, a.round_scale, first, team_warps, lane);
     else
       put_bf16_pass(tr, targets, ranks.rank, payload, stage, pass, n16, first, team_warps, lane);
   }
+  if (a.use_fp8)
+    put_fp8_scales(tr, targets, ranks.rank, payload, stage, scale_row, H, units, team, member, team_warps, lane);
   stamp(4, true);
   if constexpr (Transport::kReachesFar) {
     if (far == 0) return;
     // The team's stores to the stage come before its first warp's puts.
-    if (team_warps == 1)
-      __syncwarp();
-    else
-      asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * team_warps) : "memory");
+    team_sync(team, team_warps);
     if (member != 0) return;
     const int64_t payload_bytes = a.use_fp8 ? H + 16 * static_cast<int64_t>(units) : 2 * static_cast<int64_t>(H);
     for (unsigned m = far; m; m &= m - 1) {
@@ -382,10 +407,15 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
   const int team = warp / teams.warps, member = warp % teams.warps;
+  // The team's rows of scales, two in turn: in the header space of its last
+  // warp, which writes no headers unless it is the team's only warp (then
+  // its headers are out before its scales are written).
+  auto* scale_rows = reinterpret_cast<int4(*)[kMaxScaleWords]>(headers[warp - member + teams.warps - 1]);
   for (int j = team;; j += teams.count) {
     const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     if (t >= p.args.num_tokens) break;
-    send_token(p, tr, headers[warp], seq, parity, set, t, team, member, teams.warps, lane, live);
+    send_token(p, tr, headers[warp], scale_rows[(j / teams.count) & 1], seq, parity, set, t, team, member, teams.warps,
+               lane, live);
   }
   const int64_t signal = signal_offset(parity, p.group.rank);
   for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < p.group.num_ranks; d += kThreads) {
