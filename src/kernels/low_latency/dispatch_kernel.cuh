@@ -13,7 +13,8 @@
 // one token per team at a time; with fewer tokens than warps a team has
 // several warps, so a few tokens still keep every warp loading. A team reads
 // the row once, casts it in registers (FP8), and stores it to every
-// destination; its first warp also writes the headers and counts.
+// destination; its first warp also writes the headers and counts, and (FP8)
+// the row's scales, which the team's warps gather in shared memory.
 //
 // Receive: every block scans the counts of all (expert, source) pairs into
 // row offsets; rows are in (expert, source, token) order. Where the call's
