@@ -60,8 +60,8 @@ def allowed_cpus() -> Optional[str]:
 
 def bind_to_gpu(device: int) -> Optional[List[int]]:
     """Restricts the calling thread (and the threads it starts afterwards) to
-    the CPUs local to ``device`` that it may already use; returns them, or None (and changes nothing) where they are
-    unknown or none of them is allowed."""
+    the CPUs local to ``device`` that it may already use; returns them, or
+    None (and changes nothing) where they are unknown or none is allowed."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     local = gpu_local_cpus(device)
