@@ -93,5 +93,21 @@ TEST(LowLatencyCallNumbers, CountersHoldSixtyFourBits) {
   EXPECT_EQ(offsetof(ll::LocalState, dispatch_send) % 8, 0u);
 }
 
+// A young buffer's word tags are no small numbers: a token index, count or
+// entry number that a call of another shape left in memory cannot pass for
+// one. And the mix is a bijection, never 0 but for 0, so two calls of one
+// parity still have different word tags where their tags differ.
+TEST(LowLatencyCallNumbers, WordTagsOfYoungBuffersAreNotSmallNumbers) {
+  for (uint32_t seq = 1; seq < 0x10000u; ++seq) ASSERT_GE(ll::word_tag(seq), 0x10000u) << seq;
+  EXPECT_EQ(ll::word_tag(0), 0u);
+  // An odd multiplier has an inverse mod 2^32: the mix undoes.
+  uint32_t inverse = 1;
+  for (int i = 0; i < 5; ++i) inverse *= 2u - 0x9e3779b1u * inverse;
+  for (uint64_t seq : {1ull, 2ull, 1000ull, 0x7fffffffull, 0xfffffffeull, 0xffffffffull}) {
+    ASSERT_NE(ll::word_tag(static_cast<uint32_t>(seq)), 0u) << seq;
+    ASSERT_EQ(ll::word_tag(static_cast<uint32_t>(seq)) * inverse, static_cast<uint32_t>(seq)) << seq;
+  }
+}
+
 }  // namespace
 }  // namespace turnout

@@ -154,7 +154,7 @@ __device__ void publish_weights(const LowLatencyCombineParams& p, const Transpor
     const int64_t expert = __ldg(a.topk_idx + static_cast<int64_t>(t) * K + k);
     const float w =
         expert >= 0 && expert < a.num_experts ? __ldg(a.topk_weights + static_cast<int64_t>(t) * K + k) : 0.0f;
-    const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(seq) << 32;
+    const uint64_t word = static_cast<uint64_t>(__float_as_uint(w)) | static_cast<uint64_t>(word_tag(seq)) << 32;
     const int64_t at = p.region.weights_slot(parity, p.group.rank, t) + static_cast<int64_t>(sizeof(TaggedWeight)) * k;
     if (p.group.num_ranks <= kPublishToAllRanks) {
       for (int d = 0; d < p.group.num_ranks; ++d)
@@ -185,15 +185,16 @@ __device__ void publish_weights(const LowLatencyCombineParams& p, const Transpor
 __device__ float published_weight(const LowLatencyCombineParams& p, const char* local, uint32_t seq, int parity, int s,
                                   int t, uint16_t slots, int lane) {
   const int K = p.args.num_topk;
-  uint64_t word = static_cast<uint64_t>(seq) << 32;
+  uint64_t word = 0;
   if (lane < K) {
     const auto* at = reinterpret_cast<const uint64_t*>(local + p.region.weights_slot(parity, s, t)) + lane;
     const uint32_t* bad_call = &combine_signal(local, parity, s).bad_call;
     device::bounded_wait(p.group.wait, p.group.wait.first_nvl_rank + s, WaitSite::kLowLatencyCombine, [&] {
       word = device::load_relaxed_sys(at);
-      return static_cast<uint32_t>(word >> 32) == seq || *static_cast<const volatile uint32_t*>(bad_call) == seq;
+      return tag_of_word(static_cast<uint32_t>(word >> 32)) == seq ||
+             *static_cast<const volatile uint32_t*>(bad_call) == seq;
     });
-    if (static_cast<uint32_t>(word >> 32) != seq) word = 0;
+    if (tag_of_word(static_cast<uint32_t>(word >> 32)) != seq) word = 0;
   }
   const float w = __uint_as_float(static_cast<uint32_t>(word));
   float sum = 0.0f;
@@ -239,12 +240,13 @@ __device__ __forceinline__ void put_staged_row(const LowLatencyCombineParams& p,
   bool last = false;
   if (lane == 0) {
     __threadfence();
+    const uint32_t tag = word_tag(seq);
     unsigned long long seen = *static_cast<volatile unsigned long long*>(chunks), expected = 0;
     uint32_t count = 0;
     do {
       expected = seen;
-      count = static_cast<uint32_t>(expected >> 32) == seq ? static_cast<uint32_t>(expected) + 1 : 1;
-      seen = atomicCAS(chunks, expected, static_cast<unsigned long long>(seq) << 32 | count);
+      count = static_cast<uint32_t>(expected >> 32) == tag ? static_cast<uint32_t>(expected) + 1 : 1;
+      seen = atomicCAS(chunks, expected, static_cast<unsigned long long>(tag) << 32 | count);
     } while (seen != expected);
     last = count == static_cast<uint32_t>(num_chunks(p.args.hidden));
     if (last) __threadfence();

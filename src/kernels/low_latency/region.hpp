@@ -10,7 +10,9 @@
 // The numbers are 64-bit and never wrap; what a call writes for others to
 // match (bad-call words, message headers, tagged weights and chunk counts)
 // carries its 32-bit tag (call_tag), which is never 0, so memory that no call
-// has written matches no call.
+// has written matches no call. The tagged 8-byte words carry it mixed
+// (word_tag): a call of another shape lays its areas elsewhere, so what it
+// left where this call's words lie must not pass for them.
 //
 // A sending block signals each destination on its own: once its stores are
 // out it adds to that destination's arrival counter for it (a release), and
@@ -67,6 +69,24 @@ __host__ __device__ constexpr uint32_t arrivals_through(uint64_t last, int parit
   if (last == 0) return 0;
   return arrivals_after((last & 1) == static_cast<uint64_t>(parity) ? last : last - 1);
 }
+
+// The tag of a tagged 8-byte word (a published combine weight, a staged
+// row's chunk count) of the call with tag `seq`: the tag times an odd
+// constant, a bijection that keeps 0 at 0 (only 0). Plain tags are small
+// while a buffer is young, and so are numbers a call of another shape leaves
+// where this call's words now lie: a dispatch header's second word is its
+// token index, and read as a weight's tag it matched the combine call of that
+// number. Mixed, the first 65,535 tags are all at least 2^16, above any token
+// index, count or entry number.
+__host__ __device__ constexpr uint32_t word_tag(uint32_t seq) {
+  return seq * 0x9e3779b1u;
+}
+// The call tag a word tag stands for (0x0e8b2f51 is 0x9e3779b1's inverse mod
+// 2^32): readers unmix what they load rather than keep the mixed tag live.
+__host__ __device__ constexpr uint32_t tag_of_word(uint32_t word_tag) {
+  return word_tag * 0x0e8b2f51u;
+}
+static_assert(tag_of_word(word_tag(12345)) == 12345 && tag_of_word(word_tag(0xffffffffu)) == 0xffffffffu);
 
 // A shrink-mode verdict word (device/rank_mask.cuh: 31 bits of the tag, then
 // whether the peer counted) as call `last` left it, the peer counted.
