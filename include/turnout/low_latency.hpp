@@ -38,6 +38,20 @@ size_t low_latency_required_bytes(int num_max_tokens, int hidden, int num_ranks,
 // 16-byte aligned, no zeroing needed).
 size_t low_latency_plan_bytes(int num_max_tokens, int num_ranks, int num_experts);
 
+// Where calls of this shape keep, in each rank's low-latency region, the
+// message slots a dispatch writes (slot [source][token] of parity p at
+// dispatch_slots[p] + (source * M + token) * message_bytes) and the combine
+// weights the sources publish (8 bytes each, [source][token][top-k slot] of
+// parity p at weights[p] + ((source * M + token) * kLowLatencyMaxTopk + k) * 8).
+// Areas move with the shape; tests use this to put an earlier shape's words
+// where a later call reads.
+struct LowLatencyRegionOffsets {
+  int64_t message_bytes = 0;
+  int64_t dispatch_slots[2] = {};
+  int64_t weights[2] = {};
+};
+LowLatencyRegionOffsets low_latency_region_offsets(int num_max_tokens, int hidden, int num_ranks);
+
 // Which part of an op to launch: both (one after the other on the stream),
 // or the send now and the receive later (a receive hook).
 enum class LowLatencyPhase { kSendAndReceive, kSend, kReceive };

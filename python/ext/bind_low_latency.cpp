@@ -117,6 +117,19 @@ size_t required_bytes(int num_max_tokens, int hidden, int num_ranks, int num_top
   return low_latency_required_bytes(num_max_tokens, hidden, num_ranks, num_topk);
 }
 
+nb::dict region_offsets(int num_max_tokens, int hidden, int num_ranks) {
+  const char* fn = "low_latency_region_offsets";
+  require_in(fn, "num_max_tokens", num_max_tokens, 1, kLowLatencyMaxTokens);
+  require_in(fn, "hidden", hidden, 8, kLowLatencyMaxHidden, 8);
+  require_in(fn, "num_ranks", num_ranks, 1, kLowLatencyMaxExperts);
+  const LowLatencyRegionOffsets o = low_latency_region_offsets(num_max_tokens, hidden, num_ranks);
+  nb::dict d;
+  d["message_bytes"] = o.message_bytes;
+  d["dispatch_slots"] = nb::make_tuple(o.dispatch_slots[0], o.dispatch_slots[1]);
+  d["weights"] = nb::make_tuple(o.weights[0], o.weights[1]);
+  return d;
+}
+
 size_t plan_bytes(int num_max_tokens, int num_ranks, int num_experts) {
   const char* fn = "low_latency_plan_bytes";
   require_in(fn, "num_max_tokens", num_max_tokens, 1, kLowLatencyMaxTokens);
@@ -139,6 +152,7 @@ void bind_low_latency(nb::module_& m, BufferClass& buffer) {
   m.attr("LOW_LATENCY_RECEIVE") = static_cast<int>(LowLatencyPhase::kReceive);
   m.def("low_latency_required_bytes", &required_bytes, "num_max_tokens"_a, "hidden"_a, "num_ranks"_a, "num_topk"_a);
   m.def("low_latency_plan_bytes", &plan_bytes, "num_max_tokens"_a, "num_ranks"_a, "num_experts"_a);
+  m.def("low_latency_region_offsets", &region_offsets, "num_max_tokens"_a, "hidden"_a, "num_ranks"_a);
 
   nb::class_<LowLatencyDispatchArgs>(m, "LowLatencyDispatchArgs")
       .def("__init__", &dispatch_outputs, "hidden"_a, "num_max_tokens"_a, "num_experts"_a, "use_fp8"_a, "use_ue8m0"_a,

@@ -113,7 +113,24 @@ def test_plan_bytes_grow_with_tokens_ranks_and_experts():
     assert _C.low_latency_plan_bytes(128, 8, 512) > _C.low_latency_plan_bytes(128, 8, 256)
 
 
+@pytest.mark.parametrize("m, h, r", [(1, 8, 1), (32, 2880, 8), (128, 7168, 4), (1024, 16384, 2)])
+def test_region_offsets_lie_in_the_region_and_apart(m, h, r):
+    o = _C.low_latency_region_offsets(m, h, r)
+    total = _C.low_latency_required_bytes(m, h, r, ll.MAX_TOPK)
+    areas = [(o["dispatch_slots"][p], r * m * o["message_bytes"]) for p in (0, 1)]
+    areas += [(o["weights"][p], r * m * ll.MAX_TOPK * 8) for p in (0, 1)]
+    # A slot holds a 144-byte header and a bf16 row; every area in the region, none over another.
+    assert o["message_bytes"] >= 144 + 2 * h
+    areas.sort()
+    assert areas[0][0] > 0 and areas[-1][0] + areas[-1][1] <= total, (areas, total)
+    for (a, size), (b, _) in zip(areas, areas[1:]):
+        assert a + size <= b, areas
+
+
 @pytest.mark.parametrize("fn, args, name", [
+    (_C.low_latency_region_offsets, (0, 7168, 8), "num_max_tokens"),
+    (_C.low_latency_region_offsets, (128, 100, 8), "hidden"),
+    (_C.low_latency_region_offsets, (128, 7168, 0), "num_ranks"),
     (_C.low_latency_plan_bytes, (128, 0, 256), "num_ranks"),
     (_C.low_latency_plan_bytes, (128, 2048, 2048), "num_ranks"),  # more ranks than experts can ever be
     (_C.low_latency_plan_bytes, (0, 8, 256), "num_max_tokens"),

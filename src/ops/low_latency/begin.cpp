@@ -17,6 +17,11 @@ size_t low_latency_plan_bytes(int num_max_tokens, int num_ranks, int num_experts
   return static_cast<size_t>(kernels::low_latency::make_plan(num_max_tokens, num_ranks, num_experts).total);
 }
 
+LowLatencyRegionOffsets low_latency_region_offsets(int num_max_tokens, int hidden, int num_ranks) {
+  const auto r = kernels::low_latency::make_region(num_max_tokens, hidden, num_ranks, kLowLatencyMaxTopk);
+  return {r.message, {r.dispatch_data[0], r.dispatch_data[1]}, {r.weights[0], r.weights[1]}};
+}
+
 namespace low_latency {
 
 namespace {
