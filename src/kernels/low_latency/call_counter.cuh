@@ -12,8 +12,10 @@
 #include <cstdint>
 
 #include "kernels/device/bounded_wait.cuh"
+#include "kernels/device/dependent_launch.cuh"
 #include "kernels/device/memory_order.cuh"
 #include "kernels/device/rank_mask.cuh"
+#include "kernels/low_latency/launch.hpp"
 #include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/region.hpp"
 
@@ -27,6 +29,20 @@ __host__ __device__ constexpr int phase_bits(LowLatencyPhase phase) {
   return phase == LowLatencyPhase::kSend      ? kPhaseSend
          : phase == LowLatencyPhase::kReceive ? kPhaseReceive
                                               : kPhaseSend | kPhaseReceive;
+}
+
+// A call's launches of `kernel(params, phases)`: one launch of the phase
+// asked for, or of both where every block of the grid is resident at once
+// (group.gpu_to_itself); else the send, then the receive.
+template <typename Params>
+void launch_phases(void (*kernel)(Params, int), int threads, const Group& group, LowLatencyPhase phase,
+                   cudaStream_t stream, const Params& params) {
+  if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
+    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, phase_bits(phase));
+  } else {
+    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, kPhaseSend);
+    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, kPhaseReceive);
+  }
 }
 
 // The number of the call this phase runs (the first call is 1).

@@ -581,13 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <bool kLogfmt, class Transport>
 void launch(const LowLatencyCombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
-  if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
-    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p,
-                             phase_bits(phase));
-  } else {
-    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p, kPhaseSend);
-    device::launch_dependent(combine_kernel<kLogfmt, Transport>, group.num_blocks, kThreads, stream, p, kPhaseReceive);
-  }
+  launch_phases(combine_kernel<kLogfmt, Transport>, kThreads, group, phase, stream, p);
 }
 
 }  // namespace combine_body

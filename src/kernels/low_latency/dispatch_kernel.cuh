@@ -806,12 +806,7 @@ void launch_dispatch_on(const LowLatencyDispatchArgs& args, const Region& region
   using namespace dispatch_body;
   const LowLatencyDispatchParams p{args, region, group,
                                    make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
-  if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
-    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, phase_bits(phase));
-  } else {
-    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseSend);
-    device::launch_dependent(dispatch_kernel<Transport>, group.num_blocks, kThreads, stream, p, kPhaseReceive);
-  }
+  launch_phases(dispatch_kernel<Transport>, kThreads, group, phase, stream, p);
 }
 
 }  // namespace
