@@ -60,7 +60,8 @@ constexpr int kBatch = 8;
 // LogFMT stages each warp's chunk in shared memory before it crosses.
 constexpr int kStageBytes = 1024;
 
-static_assert(combine_row_bytes(7168) == logfmt_row_bytes(7168) && combine_row_bytes(1408) == logfmt_row_bytes(1408) &&
+// A combine slot holds a LogFMT row (it may be longer: slots are whole lines).
+static_assert(combine_row_bytes(7168) >= logfmt_row_bytes(7168) && combine_row_bytes(1408) >= logfmt_row_bytes(1408) &&
               combine_meta_offset(1408) == logfmt_meta_offset(1408));
 
 struct LowLatencyCombineParams {
@@ -253,7 +254,7 @@ __device__ __forceinline__ void put_staged_row(const LowLatencyCombineParams& p,
   }
   if (!__shfl_sync(~0u, last, 0)) return;
   __syncwarp();  // the other lanes read the row after lane 0's fence
-  const int64_t bytes = kLogfmt ? p.region.combine_row : combine_meta_offset(p.args.hidden);
+  const int64_t bytes = kLogfmt ? logfmt_row_bytes(p.args.hidden) : combine_meta_offset(p.args.hidden);
   tr.put_warp(item.source, p.region.combine_slot(parity, item.token, p.group.rank), staged, bytes);
 }
 

@@ -365,8 +365,8 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
                 token_bits_offset(set, p.group.rank, L, token_words(a.num_max_tokens)), token_words(a.num_max_tokens),
                 seq, t, slot, staged, expert, weight, K, L, ranks, dests, far, lane);
   constexpr int64_t kHeaderBytes = sizeof(MessageHeader);
-  const int64_t payload = slot + kHeaderBytes;
-  char* stage = tr.local() + p.region.dispatch_stage_slot(parity, t) + kHeaderBytes;
+  const int64_t payload = slot + kPayloadOffset;
+  char* stage = tr.local() + p.region.dispatch_stage_slot(parity, t) + kPayloadOffset;
   const unsigned targets = (dests & ~far) | (far != 0 ? 1u << kStageTarget : 0u);
   for (int first = member; first < units; first += kUnitsPerPass * team_warps) {
     if (first != member) pass = load_pass(row, n16, first, team_warps, lane);
@@ -610,7 +610,7 @@ __device__ __forceinline__ void place_message(const LowLatencyDispatchParams& p,
   const int n16 = static_cast<int>(row_bytes / 16);
   const int num_groups = H / kScaleGroup, scale_words = (num_groups + 3) / 4;
   const char* slot = local + p.region.dispatch_slot(parity, s, t);
-  const char* payload = slot + sizeof(MessageHeader);
+  const char* payload = slot + kPayloadOffset;
   const int4 head = device::load_shared_16(slot);
   int name = -1;
   uint16_t slots = 0;

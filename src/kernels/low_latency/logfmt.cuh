@@ -12,7 +12,7 @@
 // lower), nearest among the levels the decoder computes. Any other group
 // (amax >= 1, inf or NaN) crosses as its bf16 values.
 //
-// Row slot, logfmt_row_bytes(H) = align_up(2H + 4G, 16) bytes:
+// Row, logfmt_row_bytes(H) = align_up(2H + 4G, 16) bytes (its slot may be longer):
 //   group g's data at byte 256 g: cast, 160 bytes (lane i of its 8 lanes at
 //   20 i, 16 fields as logfmt_pack16 lays them); bf16, 256 bytes (lane i at
 //   32 i, its 16 values);

@@ -179,20 +179,25 @@ struct MessageHeader {
 };
 static_assert(sizeof(MessageHeader) == 144);
 
-// The payload follows the header: the bf16 row (2 * hidden bytes), or the e4m3
-// row (hidden bytes) then hidden / 128 float scales. Its slot is sized for bf16.
+// The payload follows the header at the slot's next 128-byte line: the bf16
+// row (2 * hidden bytes), or the e4m3 row (hidden bytes) then hidden / 128
+// float scales. Its slot is sized for bf16 and whole lines, so that every
+// payload starts on a line and a warp's 512 contiguous bytes of it are four
+// whole lines on the wire, not five pieces.
+inline constexpr int64_t kPayloadOffset = align_up(int64_t(sizeof(MessageHeader)), 128);
 __host__ __device__ constexpr int64_t message_bytes(int hidden) {
-  return sizeof(MessageHeader) + align_up(int64_t(hidden) * 2, 16);
+  return align_up(kPayloadOffset + int64_t(hidden) * 2, 128);
 }
 
 // A combine row on the wire: one per (token, expert rank), the expert rank's
 // weighted sum of its rows of the token. bf16, or (use_logfmt) the LogFMT
 // groups; either way followed by room for one 4-byte word per 128 channels.
+// Slots are whole 128-byte lines, as the dispatch's.
 __host__ __device__ constexpr int64_t combine_meta_offset(int hidden) {
   return align_up(int64_t(hidden) * 2, 16);
 }
 __host__ __device__ constexpr int64_t combine_row_bytes(int hidden) {
-  return align_up(combine_meta_offset(hidden) + 4 * ((int64_t(hidden) + kScaleGroup - 1) / kScaleGroup), 16);
+  return align_up(combine_meta_offset(hidden) + 4 * ((int64_t(hidden) + kScaleGroup - 1) / kScaleGroup), 128);
 }
 
 // A source's combine weights for one token, as an expert rank reads them: per
