@@ -13,8 +13,10 @@
 // one token per team at a time; with fewer tokens than warps a team has
 // several warps, so a few tokens still keep every warp loading. A team reads
 // the row once, casts it in registers (FP8), and stores it to every
-// destination; its first warp also writes the headers and counts, and (FP8)
-// the row's scales, which the team's warps gather in shared memory.
+// destination; its lead warp also writes the headers and counts, and (FP8)
+// the row's scales, which the team's warps gather in shared memory. Where the
+// row has fewer units than the team has warps, the lead is a warp with no
+// unit, so no warp both casts and builds headers.
 //
 // Receive: every block scans the counts of all (expert, source) pairs into
 // row offsets; rows are in (expert, source, token) order. Where the call's
@@ -140,6 +142,18 @@ __device__ __forceinline__ Teams token_teams(int num_tokens) {
   return {count, kWarps / count};
 }
 
+// A row of `hidden` channels in units of kUnitWords bf16 words.
+__host__ __device__ constexpr int row_units(int hidden) {
+  return (hidden / 8 + kUnitWords - 1) / kUnitWords;
+}
+
+// The member of each team that writes the headers, counts and scales: the
+// last, which loads no unit, where the row has fewer units than a team has
+// warps; else the first.
+__device__ __forceinline__ int team_lead(const Teams& teams, int units) {
+  return units < teams.warps ? teams.warps - 1 : 0;
+}
+
 // What one warp loads of a bf16 row before it stores: units first, first +
 // stride, ..., words unit * 64 + lane (lo) and + 32 (hi) of each; zeros past
 // the row.
@@ -239,14 +253,14 @@ __device__ __forceinline__ void team_sync(int team, int team_warps) {
 }
 
 // Once every warp of the team has written its units' scales: the team's
-// first warp stores the row's scales (`units` 16-byte words) to every target
-// in one store each, rather than a 16-byte store per unit from each warp.
+// lead stores the row's scales (`units` 16-byte words) to every target in one
+// store each, rather than a 16-byte store per unit from each warp.
 template <class Transport>
 __device__ __forceinline__ void put_fp8_scales(const Transport& tr, unsigned targets, int rank, int64_t payload,
                                                char* stage, const int4* scale_row, int hidden, int units, int team,
-                                               int member, int team_warps, int lane) {
+                                               bool lead, int team_warps, int lane) {
   team_sync(team, team_warps);
-  if (member != 0) return;
+  if (!lead) return;
   const int4 v = lane < units ? scale_row[lane] : make_int4(0, 0, 0, 0);
   for (unsigned m = targets; m; m &= m - 1) {
     char* base = payload_target(tr, __ffs(m) - 1, rank, payload, stage);
@@ -264,7 +278,7 @@ __device__ __noinline__ void report_invalid_expert(const LowLatencyDispatchParam
     if (live.has(d)) tr.set_word(d, signal_offset(parity, p.group.rank) + offsetof(DispatchSignal, bad_call), seq);
 }
 
-// The first warp of a team: each destination's header, built in this warp's
+// The lead warp of a team: each destination's header, built in this warp's
 // shared memory (lane k fills the entry of top-k slot k when k is the first
 // slot naming its expert; header i is the i-th destination of `dests`) and
 // put as 16-byte words (a far destination's into its staged header, at
@@ -327,28 +341,29 @@ __device__ __forceinline__ void put_headers(const Transport& tr, MessageHeader* 
   __syncwarp();  // the next token's entries overwrite these
 }
 
-// Warp `member` of a team of `team_warps` sends token t to the ranks of
-// `live` that hold one of its experts.
+// Warp `member` of a team of `team_warps` (its lead among them) sends token t
+// to the ranks of `live` that hold one of its experts.
 template <class Transport>
 __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, const Transport& tr,
                                            MessageHeader* headers, int4* scale_row, uint32_t seq, int parity, int set,
-                                           int t, int team, int member, int team_warps, int lane, PeerSet live) {
+                                           int t, int team, int member, int team_warps, bool lead, int lane,
+                                           PeerSet live) {
   const LowLatencyDispatchArgs& a = p.args;
   const int K = a.num_topk, E = a.num_experts, H = a.hidden;
-  const int n16 = H / 8, units = (n16 + kUnitWords - 1) / kUnitWords;
+  const int n16 = H / 8, units = row_units(H);
   const int4* row = reinterpret_cast<const int4*>(static_cast<const char*>(a.x) + static_cast<int64_t>(t) * H * 2);
   int64_t id = -1;
   float weight = 0.0f;
   if (lane < K) {
     id = __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane);
-    if (member == 0 && a.topk_weights != nullptr) weight = __ldg(a.topk_weights + static_cast<int64_t>(t) * K + lane);
+    if (lead && a.topk_weights != nullptr) weight = __ldg(a.topk_weights + static_cast<int64_t>(t) * K + lane);
   }
   // The first pass's loads go out with the top-k ones rather than after them.
   RowPass pass = load_pass(row, n16, member, team_warps, lane);
   const unsigned bad = __ballot_sync(~0u, id < -1 || id >= E);
   stamp(3, true);
   if (bad != 0) {
-    if (member == 0 && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id, live);
+    if (lead && lane == __ffs(bad) - 1) report_invalid_expert(p, tr, seq, parity, t, lane, id, live);
     return;
   }
   const int expert = static_cast<int>(id);
@@ -360,7 +375,7 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   if constexpr (Transport::kReachesFar) far = __ballot_sync(~0u, ranks.rank >= 0 && tr.is_far(ranks.rank)) & dests;
   const int64_t slot = p.region.dispatch_slot(parity, p.group.rank, t);
   const int64_t staged = p.region.header_stage_slot(parity, t, 0);
-  if (member == 0)
+  if (lead)
     put_headers(tr, headers, counts_offset(set, p.group.rank, L),
                 token_bits_offset(set, p.group.rank, L, token_words(a.num_max_tokens)), token_words(a.num_max_tokens),
                 seq, t, slot, staged, expert, weight, K, L, ranks, dests, far, lane);
@@ -376,13 +391,13 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
       put_bf16_pass(tr, targets, ranks.rank, payload, stage, pass, n16, first, team_warps, lane);
   }
   if (a.use_fp8)
-    put_fp8_scales(tr, targets, ranks.rank, payload, stage, scale_row, H, units, team, member, team_warps, lane);
+    put_fp8_scales(tr, targets, ranks.rank, payload, stage, scale_row, H, units, team, lead, team_warps, lane);
   stamp(4, true);
   if constexpr (Transport::kReachesFar) {
     if (far == 0) return;
-    // The team's stores to the stage come before its first warp's puts.
+    // The team's stores to the stage come before its lead's puts.
     team_sync(team, team_warps);
-    if (member != 0) return;
+    if (!lead) return;
     const int64_t payload_bytes = a.use_fp8 ? H + 16 * static_cast<int64_t>(units) : 2 * static_cast<int64_t>(H);
     for (unsigned m = far; m; m &= m - 1) {
       const int k = __ffs(m) - 1;
@@ -408,15 +423,17 @@ __device__ __forceinline__ void send_call(const LowLatencyDispatchParams& p, con
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Teams teams = token_teams(p.args.num_tokens);
   const int team = warp / teams.warps, member = warp % teams.warps;
-  // The team's rows of scales, two in turn: in the header space of its last
-  // warp, which writes no headers unless it is the team's only warp (then
-  // its headers are out before its scales are written).
-  auto* scale_rows = reinterpret_cast<int4(*)[kMaxScaleWords]>(headers[warp - member + teams.warps - 1]);
+  const int lead = team_lead(teams, row_units(p.args.hidden));
+  // The team's rows of scales, two in turn: in the header space of a warp
+  // other than the lead, unless the lead is the team's only warp (then its
+  // headers are out before its scales are written).
+  const int scale_warp = warp - member + (lead == 0 ? teams.warps - 1 : 0);
+  auto* scale_rows = reinterpret_cast<int4(*)[kMaxScaleWords]>(headers[scale_warp]);
   for (int j = team;; j += teams.count) {
     const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     if (t >= p.args.num_tokens) break;
     send_token(p, tr, headers[warp], scale_rows[(j / teams.count) & 1], seq, parity, set, t, team, member, teams.warps,
-               lane, live);
+               member == lead, lane, live);
   }
   const int64_t signal = signal_offset(parity, p.group.rank);
   for (int d = static_cast<int>(threadIdx.x); blockIdx.x == 0 && d < p.group.num_ranks; d += kThreads) {
