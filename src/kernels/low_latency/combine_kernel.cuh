@@ -426,13 +426,20 @@ __device__ __forceinline__ bool next_rank(uint32_t& rest, int rank, int& d) {
   return true;
 }
 
+// Lane k < K of a warp: token t's top-k slot k (-1 past the top-k).
+__device__ __forceinline__ int64_t topk_slot(const LowLatencyCombineArgs& a, int t, int lane) {
+  return lane < a.num_topk ? __ldg(a.topk_idx + static_cast<int64_t>(t) * a.num_topk + lane) : -1;
+}
+
 // Out row t, chunk c = the sum of the rows (t, d) of the ranks d of `counted`
 // holding one of the token's experts, d ascending, in fp32, rounded to bf16
-// once.
+// once. `first_slot`: topk_slot of the warp's first item, loaded before the
+// wait for the peers.
 template <bool kLogfmt>
-__device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self, int parity, PeerSet counted) {
+__device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self, int parity, PeerSet counted,
+                              int64_t first_slot) {
   const LowLatencyCombineArgs& a = p.args;
-  const int K = a.num_topk, H = a.hidden, E = a.num_experts, n16 = H / 8;
+  const int H = a.hidden, E = a.num_experts, n16 = H / 8;
   const int L = p.plan.num_local_experts;
   const int lane = threadIdx.x % 32;
   // LogFMT decodes in registers: fewer rows in flight.
@@ -443,7 +450,7 @@ __device__ void reduce_tokens(const LowLatencyCombineParams& p, const char* self
     const int t = i / C, c = i % C;
     // Lane k looks at top-k slot k; ids outside [0, E) name no row (dispatch
     // rejects them, so they only come from a topk_idx it never saw).
-    const int64_t expert = lane < K ? __ldg(a.topk_idx + static_cast<int64_t>(t) * K + lane) : -1;
+    const int64_t expert = i == global_warp() ? first_slot : topk_slot(a, t, lane);
     const bool named = expert >= 0 && expert < E;
     const int rank = named ? static_cast<int>(expert) / L : -1;
     const uint32_t slots = __ballot_sync(~0u, named && counted.has(rank));
@@ -515,6 +522,14 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   // Every block reads every expert rank's rows, so every block waits for all
   // (in shrink mode, for every one that counts).
   __shared__ uint32_t live_bits[kRankWords], counted_bits[kRankWords], failed_bits[kRankWords];
+  // Loaded before the wait, as neither depends on the peers: the plan's
+  // header (this rank's dispatch wrote it, in a kernel before) and the top-k
+  // of this warp's first item.
+  const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
+  const int first_item = global_warp();
+  const int64_t first_slot = first_item < a.num_tokens * num_chunks(a.hidden)
+                                 ? topk_slot(a, first_item / num_chunks(a.hidden), static_cast<int>(threadIdx.x % 32))
+                                 : -1;
   const PeerSet live = block_live_set(g.wait, g.num_ranks, g.rank, live_bits, counted_bits, failed_bits);
   bool arrived = true;
   for (int d = static_cast<int>(threadIdx.x); d < g.num_ranks; d += kThreads) {
@@ -534,11 +549,10 @@ __device__ __forceinline__ void recv_call(const LowLatencyCombineParams& p, cons
   const bool all_arrived = __syncthreads_and(arrived) != 0;
   stamp(6);
   const int failed_rank = first_rank(failed_bits, g.num_ranks, -1);
-  const PlanHeader header = *plan_array<PlanHeader>(p, p.plan.header);
   // A misfit plan is this rank's own error: its send recorded it.
   const int misfit = plan_misfit(header, a, g.num_ranks);
   if (all_arrived && failed_rank < 0 && misfit == 0) {
-    reduce_tokens<kLogfmt>(p, tr.local(), parity, PeerSet{counted_bits});
+    reduce_tokens<kLogfmt>(p, tr.local(), parity, PeerSet{counted_bits}, first_slot);
     stamp(7);
   } else if (all_arrived && misfit == 0 && blockIdx.x == 0 && threadIdx.x == 0)
     device::record_error(g.wait.errors, DeviceErrorCode::kPeerInputError, g.wait.rank,
