@@ -12,8 +12,9 @@ below (in ``SUBCOMMANDS``, or in ``ON_REQUEST`` for one run only when named).
 #: The subcommands, in the order a plain ``python -m turnout.bench`` runs them.
 SUBCOMMANDS = ("ceiling", "layout", "intranode", "low_latency")
 #: Subcommands run only when named: internode needs NVL domains declared
-#: smaller than the ranks (TURNOUT_NVL_DOMAIN_SIZE), which a plain run lacks.
-ON_REQUEST = ("internode",)
+#: smaller than the ranks (TURNOUT_NVL_DOMAIN_SIZE), which a plain run lacks;
+#: host repeats intranode's and layout's host rows with many more calls.
+ON_REQUEST = ("internode", "host")
 
 #: The subcommands that take shape options (``--tokens`` and so on), each with
 #: its defaults: its protocol's shape. ``run`` gets them as keyword arguments;
