@@ -14,6 +14,7 @@ import torch
 
 from ..checks import TOPK_IDX_DTYPE, check_aligned, check_int, check_tensor, check_x, fail, is_plain, is_plain_nd
 from ..event import EventOverlap
+from . import outputs as op_outputs
 from . import streams as op_streams
 from .context import OpContext
 from .handle import DispatchHandle, check_handle, new_handle
@@ -26,6 +27,9 @@ _BOOL = torch.bool
 _I32 = torch.int32
 _F32 = torch.float32
 _FP8 = torch.float8_e4m3fn
+_empty = op_outputs.empty
+_CODES = op_outputs.CODES
+_BF16_CODE, _I32_CODE, _I64_CODE, _F32_CODE = op_outputs.BF16, op_outputs.I32, op_outputs.I64, op_outputs.F32
 
 
 def _checked_dispatch(context: OpContext, op: str, x, handle, num_tokens_per_rank, is_token_in_rank,
@@ -75,6 +79,30 @@ def _checked_dispatch(context: OpContext, op: str, x, handle, num_tokens_per_ran
         if not is_plain(topk_weights, _F32, (num_tokens, num_topk), index):
             check_tensor(op, "topk_weights", topk_weights, dtype=_F32, shape=(num_tokens, num_topk), device=device)
     return data, scales, num_experts, num_topk, is_token_in_rank, None, 0
+
+
+def _receive_outputs(device: torch.device, data, scales, num_recv: int, hidden: int, num_scales: int, num_topk: int,
+                     num_ranks: int, prefix: bool) -> tuple:
+    """A fresh dispatch's outputs in one call: ``(recv_x, recv_scales,
+    recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx,
+    rank_prefix_matrix)``, None where the call has no such output (and for
+    rank_prefix_matrix where ``prefix`` is false)."""
+    spec = (_CODES[data.dtype], num_recv, hidden)
+    if scales is not None:
+        spec += (_CODES[scales.dtype], num_recv, num_scales)
+    if num_topk:
+        spec += (_I64_CODE, num_recv, num_topk, _F32_CODE, num_recv, num_topk)
+    spec += (_I32_CODE, num_ranks, -1, _I32_CODE, num_recv, -1)
+    if prefix:
+        spec += (_I32_CODE, num_ranks, num_ranks)
+    out = _empty(device, *spec)
+    i = 1
+    recv_scales = recv_topk_idx = recv_topk_weights = None
+    if scales is not None:
+        recv_scales, i = out[1], 2
+    if num_topk:
+        recv_topk_idx, recv_topk_weights, i = out[i], out[i + 1], i + 2
+    return out[0], recv_scales, recv_topk_idx, recv_topk_weights, out[i], out[i + 1], out[i + 2] if prefix else None
 
 
 def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
@@ -157,39 +185,41 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
         if rank_prefix_matrix is not None:
             # Cached: the handle's receive layout; its source info is not written again.
             per_expert = None
-            recv_x = data.new_empty(num_recv, hidden)
-            if scales is not None:
-                recv_scales = scales.new_empty(num_recv, num_scales)
+            if scales is None:
+                (recv_x,) = _empty(context.device, _CODES[data.dtype], num_recv, hidden)
+            else:
+                recv_x, recv_scales = _empty(context.device, _CODES[data.dtype], num_recv, hidden,
+                                             _CODES[scales.dtype], num_recv, num_scales)
                 recv_scales_ptr = recv_scales.data_ptr()
             native.dispatch_known_rows(
                 x_ptr, num_tokens, row_bytes, scales_ptr, num_scales, stride_token, stride_group, 0, 0, 0, 0, 0, 1,
                 in_rank_ptr, rank_prefix_matrix.data_ptr(), num_recv, 0, config, recv_x.data_ptr(), recv_scales_ptr,
                 0, 0, 0, 0, stream, wait_for, join_to)
         else:
-            # new_empty of a checked tensor of the dtype wanted, sizes as separate
-            # ints: fewer arguments to parse than torch.empty.
-            rank_prefix_matrix = num_tokens_per_rank.new_empty(num_ranks, num_ranks)
-            prefix_ptr, per_expert_ptr = rank_prefix_matrix.data_ptr(), num_tokens_per_expert.data_ptr()
+            per_expert_ptr = num_tokens_per_expert.data_ptr()
             if num_topk:
                 topk_idx_ptr, topk_weights_ptr = topk_idx.data_ptr(), topk_weights.data_ptr()
+            device = context.device
             if num_worst_tokens:
+                # Every output in one call: the receive rows are known.
                 num_recv, per_expert = num_worst_tokens, []
+                recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, \
+                    rank_prefix_matrix = _receive_outputs(device, data, scales, num_recv, hidden, num_scales,
+                                                          num_topk, num_ranks, True)
+                prefix_ptr = rank_prefix_matrix.data_ptr()
             else:
+                (rank_prefix_matrix,) = _empty(device, _I32_CODE, num_ranks, num_ranks)
+                prefix_ptr = rank_prefix_matrix.data_ptr()
                 # Waits on the host for the receive sizes.
                 num_recv, per_expert = native.dispatch_counts(
                     in_rank_ptr, num_tokens, per_expert_ptr, num_experts, topk_idx_ptr, num_topk, expert_alignment,
                     0, config, prefix_ptr, stream, wait_for)
-            recv_x = data.new_empty(num_recv, hidden)
+                recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, _ = \
+                    _receive_outputs(device, data, scales, num_recv, hidden, num_scales, num_topk, num_ranks, False)
             if scales is not None:
-                recv_scales = scales.new_empty(num_recv, num_scales)
                 recv_scales_ptr = recv_scales.data_ptr()
             if num_topk:
-                recv_topk_idx = topk_idx.new_empty(num_recv, num_topk)
-                recv_topk_weights = topk_weights.new_empty(num_recv, num_topk)
                 recv_topk_idx_ptr, recv_topk_weights_ptr = recv_topk_idx.data_ptr(), recv_topk_weights.data_ptr()
-            # Two allocations cost less here than one split in two.
-            source_num_tokens = num_tokens_per_rank.new_empty(num_ranks)
-            recv_src_idx = num_tokens_per_rank.new_empty(num_recv)
             if num_worst_tokens:
                 native.dispatch_known_rows(
                     x_ptr, num_tokens, row_bytes, scales_ptr, num_scales, stride_token, stride_group, topk_idx_ptr,
@@ -269,9 +299,11 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
     streams, wait_for, join_to, stream = op_streams.normal_op_streams(context, op, previous_event, async_finish,
                                                                       allocate_on_comm_stream)
     try:
-        # new_empty of the checked inputs of their dtypes: fewer arguments to parse than torch.empty.
-        combined_x = x.new_empty(num_tokens, hidden)
-        combined_topk_weights = topk_weights.new_empty(num_tokens, num_topk) if num_topk else None
+        if num_topk:
+            combined_x, combined_topk_weights = _empty(context.device, _BF16_CODE, num_tokens, hidden, _F32_CODE,
+                                                       num_tokens, num_topk)
+        else:
+            (combined_x,), combined_topk_weights = _empty(context.device, _BF16_CODE, num_tokens, hidden), None
         native.combine(
             x_ptr, num_rows, hidden, weights_ptr, num_topk, biases[0].data_ptr() if biases else 0,
             biases[1].data_ptr() if len(biases) > 1 else 0, rank_prefix_matrix.data_ptr(),
