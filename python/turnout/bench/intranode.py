@@ -14,6 +14,7 @@ import torch.distributed as dist
 from .. import Config
 from ..buffer import Buffer
 from ..launch import gpus_shared, run_on_local_gpus
+from ..ops import intranode as intranode_ops
 from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
 from .timing import merge_ranks, time_each
@@ -107,13 +108,11 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     native = buffer._native
     comm, caller = buffer._context.comm_raw, torch.cuda.current_stream().cuda_stream
 
-    def outputs():  # what a dispatch with num_worst_tokens allocates, in its order
-        return (per_rank.new_empty(num_ranks, num_ranks), x.new_empty(worst, HIDDEN),
-                topk_idx.new_empty(worst, NUM_TOPK), topk_weights.new_empty(worst, NUM_TOPK),
-                per_rank.new_empty(num_ranks), per_rank.new_empty(worst))
+    def outputs():  # what a dispatch with num_worst_tokens allocates, as it does
+        return intranode_ops._receive_outputs(x.device, x, None, worst, HIDDEN, 0, NUM_TOPK, num_ranks, True)
 
     # The native calls as the ops make them (python/turnout/ops/intranode.py), into outputs made once.
-    prefix, recv_x, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx = outputs()
+    recv_x, _, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = outputs()
     dispatch_args = (x.data_ptr(), MAIN_TOKENS, HIDDEN * 2, 0, 0, 0, 0, topk_idx.data_ptr(), topk_weights.data_ptr(),
                      NUM_TOPK, NUM_EXPERTS, per_expert.data_ptr(), 1, in_rank.data_ptr(), prefix.data_ptr(), worst,
                      worst, config, recv_x.data_ptr(), 0, recv_topk_idx.data_ptr(), recv_topk_weights.data_ptr(),
