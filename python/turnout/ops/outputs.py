@@ -52,9 +52,12 @@ def empty_from_python(device: torch.device, *specs: int) -> tuple:
     """What the native module's ``empty`` does, with ``new_empty``."""
     if len(specs) % 3:
         raise TypeError("empty(device, (code, rows, cols) ...): wrong number of arguments")
-    templates = _templates_of(device)
-    return tuple(templates[specs[i]].new_empty(specs[i + 1]) if specs[i + 2] < 0
-                 else templates[specs[i]].new_empty(specs[i + 1], specs[i + 2]) for i in range(0, len(specs), 3))
+    templates = _templates.get(device) or _templates_of(device)
+    out = []
+    for i in range(0, len(specs), 3):
+        template, rows, cols = templates[specs[i]], specs[i + 1], specs[i + 2]
+        out.append(template.new_empty(rows) if cols < 0 else template.new_empty(rows, cols))
+    return tuple(out)
 
 
 _native = _native_module()
