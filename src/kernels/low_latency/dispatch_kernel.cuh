@@ -395,8 +395,12 @@ __device__ __forceinline__ void send_token(const LowLatencyDispatchParams& p, co
   stamp(4, true);
   if constexpr (Transport::kReachesFar) {
     if (far == 0) return;
-    // The team's stores to the stage come before its lead's puts.
-    team_sync(team, team_warps);
+    // The team's stores to the stage come before its lead's puts. With FP8
+    // the team met in put_fp8_scales already: only the lead's scales remain.
+    if (a.use_fp8)
+      __syncwarp();
+    else
+      team_sync(team, team_warps);
     if (!lead) return;
     const int64_t payload_bytes = a.use_fp8 ? H + 16 * static_cast<int64_t>(units) : 2 * static_cast<int64_t>(H);
     for (unsigned m = far; m; m &= m - 1) {
