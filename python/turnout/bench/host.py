@@ -47,7 +47,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     calls = layout.BACK_TO_BACK_CALLS // 4 if quick else layout.BACK_TO_BACK_CALLS
     runs = [time_back_to_back(lambda: buffer.get_dispatch_layout(topk_idx, layout.NUM_EXPERTS), calls, 50)
             for _ in range(LAYOUT_RUNS)]
-    rows.append({"bench": "host", "op": "layout back to back (host)", "tokens": layout.MAIN_TOKENS,
+    rows.append({"op": "layout back to back (host)", "tokens": layout.MAIN_TOKENS,
                  "host_us": statistics.median(runs), "host_us_after_sync": None})
     progress.close()
     for row in rows:
