@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "intranode_entry.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout::bindings {
@@ -156,9 +157,30 @@ void combine(Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_we
   join_after(b, s, join_to);
 }
 
+// The capsule's function (intranode_entry.hpp): dispatch_known_rows above,
+// with the arguments already in their structs.
+int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* a,
+                              uintptr_t s) {
+  if (!nb::isinstance<Buffer>(nb::handle(native)) || !nb::isinstance<Config>(nb::handle(config))) return 1;
+  try {
+    const Config& c = *nb::inst_ptr<Config>(nb::handle(config));
+    set_channels(*counts, c);
+    set_channels(*a, c);
+    nb::inst_ptr<Buffer>(nb::handle(native))->dispatch_known_rows(*counts, *a, stream(s));
+    return 0;
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return -1;
+  }
+}
+
+const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs), sizeof(DispatchCountsArgs),
+                               entry_dispatch_known_rows};
+
 }  // namespace
 
 void bind_intranode(BufferClass& buffer) {
+  buffer.attr("intranode_entry") = nb::capsule(&kEntry, kIntranodeEntryName);
   buffer
       .def("dispatch_counts", &dispatch_counts, "is_token_in_rank"_a, "num_tokens"_a, "num_tokens_per_expert"_a,
            "num_experts"_a, "topk_idx"_a, "num_topk"_a, "expert_alignment"_a, "num_worst_tokens"_a, "config"_a,

@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 
 #include "turnout/turnout.hpp"
@@ -38,6 +39,10 @@ inline void join_before(Buffer& buffer, uintptr_t op_stream, MaybeStream wait_fo
 inline void join_after(Buffer& buffer, uintptr_t op_stream, MaybeStream join_to) {
   if (join_to) buffer.join(stream(*join_to), stream(op_stream));
 }
+
+// GIL held: the Python error for the exception `p`, as the module's own
+// calls raise it (for calls that enter the core other than through nanobind).
+void set_python_error(const std::exception_ptr& p);
 
 void bind_config(nb::module_& m);
 // CommEvent and EventRing (comm_events.hpp), before the low-latency ops that return them.

@@ -1,6 +1,7 @@
 // The _C module: the C++ core's errors and interrupts as Python's, and the
 // bindings of each part (bindings.hpp).
 #include <exception>
+#include <new>
 
 #include "bindings.hpp"
 
@@ -50,6 +51,30 @@ void translate_errors(const std::exception_ptr& p, void*) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
 }
+
+}  // namespace
+
+namespace turnout::bindings {
+
+void set_python_error(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const turnout::Error&) {
+    translate_errors(p, nullptr);
+  } catch (const std::bad_alloc& e) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "an unknown C++ exception");
+  }
+}
+
+}  // namespace turnout::bindings
+
+namespace {
 
 // The host waits' interrupt check: runs Python's signal handlers (the waits
 // release the GIL), so Ctrl-C raises KeyboardInterrupt out of a wait.

@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_normal_checks import FAST, FULL, Inputs, buffer_on, caller_stream  # noqa: F401 (autouse: stand-in streams)
 
+from turnout import torch_ext
 from turnout.ops import outputs
 
 CPU = torch.device("cpu")
@@ -21,10 +22,10 @@ SPECS = [
 
 def built_module():
     try:
-        from turnout import _torch_outputs, _torch_outputs_build
+        from turnout import _torch_ext, _torch_ext_build
     except ImportError:
         return None
-    return _torch_outputs, _torch_outputs_build
+    return _torch_ext, _torch_ext_build
 
 
 def flat(specs):
@@ -34,7 +35,7 @@ def flat(specs):
 def test_the_module_built_against_this_torch_is_used():
     built = built_module()
     if built is None:
-        pytest.skip("turnout._torch_outputs was not built (torch was not importable at build time)")
+        pytest.skip("turnout._torch_ext was not built (torch was not importable at build time)")
     module, build = built
     assert build.torch_version == torch.__version__
     assert outputs.NATIVE and outputs.empty is module.empty
@@ -43,7 +44,7 @@ def test_the_module_built_against_this_torch_is_used():
 @pytest.mark.parametrize("make", ["native", "python"])
 def test_empty_makes_each_tensor_of_its_type_and_shape_on_the_cpu(make):
     if make == "native" and not outputs.NATIVE:
-        pytest.skip("turnout._torch_outputs is not in use here")
+        pytest.skip("turnout._torch_ext is not in use here")
     empty = outputs.empty if make == "native" else outputs.empty_from_python
     made = empty(CPU, *flat(SPECS))
     assert len(made) == len(SPECS)
@@ -59,7 +60,7 @@ def test_empty_makes_each_tensor_of_its_type_and_shape_on_the_cpu(make):
 
 def test_the_native_empty_names_what_is_wrong():
     if not outputs.NATIVE:
-        pytest.skip("turnout._torch_outputs is not in use here")
+        pytest.skip("turnout._torch_ext is not in use here")
     with pytest.raises(TypeError, match="wrong number of arguments"):
         outputs.empty(CPU, outputs.I32, 4)
     with pytest.raises(ValueError, match="code 7"):
@@ -76,15 +77,15 @@ def test_the_native_empty_names_what_is_wrong():
 
 def test_a_module_built_against_another_torch_or_turned_off_is_not_used(monkeypatch):
     if built_module() is None:
-        pytest.skip("turnout._torch_outputs was not built (torch was not importable at build time)")
-    assert outputs._native_module() is not None
+        pytest.skip("turnout._torch_ext was not built (torch was not importable at build time)")
+    assert torch_ext._load() is not None
     monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
-    assert outputs._native_module() is None
+    assert torch_ext._load() is None
     monkeypatch.undo()
-    monkeypatch.setenv("TURNOUT_TORCH_OUTPUTS", "0")
-    assert outputs._native_module() is None
+    monkeypatch.setenv("TURNOUT_TORCH_EXT", "0")
+    assert torch_ext._load() is None
     out = subprocess.run([sys.executable, "-c", "import turnout.ops.outputs as o; print(o.NATIVE)"],
-                         capture_output=True, text=True, env={**os.environ, "TURNOUT_TORCH_OUTPUTS": "0"})
+                         capture_output=True, text=True, env={**os.environ, "TURNOUT_TORCH_EXT": "0"})
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -99,7 +100,7 @@ def call_pointers(buf, method):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_dispatch_and_combine_return_the_tensors_they_hand_the_native_calls(device_index, make, fp8, monkeypatch):
     if make == "native" and not outputs.NATIVE:
-        pytest.skip("turnout._torch_outputs is not in use here")
+        pytest.skip("turnout._torch_ext is not in use here")
     if make == "python":
         from turnout.ops import intranode
         monkeypatch.setattr(intranode, "_empty", outputs.empty_from_python)

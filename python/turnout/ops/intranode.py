@@ -14,6 +14,7 @@ import torch
 
 from ..checks import TOPK_IDX_DTYPE, check_aligned, check_int, check_tensor, check_x, fail, is_plain, is_plain_nd
 from ..event import EventOverlap
+from ..torch_ext import MODULE as _torch_ext
 from . import outputs as op_outputs
 from . import streams as op_streams
 from .context import OpContext
@@ -28,6 +29,7 @@ _I32 = torch.int32
 _F32 = torch.float32
 _FP8 = torch.float8_e4m3fn
 _empty = op_outputs.empty
+_dispatch_worst = None if _torch_ext is None else _torch_ext.dispatch_worst
 _CODES = op_outputs.CODES
 _BF16_CODE, _I32_CODE, _I64_CODE, _F32_CODE = op_outputs.BF16, op_outputs.I32, op_outputs.I64, op_outputs.F32
 
@@ -113,8 +115,23 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     the counts first and, without num_worst_tokens, waits for them. When the
     receive rows are known before (cached, or num_worst_tokens) both steps
     are one native call."""
-    op = "dispatch"
     index, num_ranks = context.device_index, context.num_ranks
+    if (_dispatch_worst is not None and handle is None and type(num_worst_tokens) is int and num_worst_tokens > 0
+            and previous_event is None and not async_finish and not allocate_on_comm_stream):
+        # The common case in one native call, where the caller's stream is the
+        # buffer's last already (no join to make first); it returns None for
+        # any call it does not take, before doing anything.
+        stream = op_streams.current_raw_stream(index)
+        native = context.native
+        if context.tail == stream and not native.destroyed:
+            out = _dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+                                  topk_idx, topk_weights, expert_alignment, num_worst_tokens, num_ranks, index, stream)
+            if out is not None:
+                recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = out
+                return (recv_x if recv_scales is None else (recv_x, recv_scales), recv_topk_idx, recv_topk_weights,
+                        [], new_handle(context, prefix, source_num_tokens, recv_src_idx, is_token_in_rank),
+                        EventOverlap())
+    op = "dispatch"
     # The common cases: BF16 x or FP8 x with its scales, and a fresh dispatch
     # with top-k from this buffer's layout, or a cached one from this buffer's handle.
     checked = type(expert_alignment) is int and type(num_worst_tokens) is int and expert_alignment >= 1 \

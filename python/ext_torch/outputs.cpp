@@ -1,22 +1,15 @@
-// turnout._torch_outputs: the output tensors of an op made in one call into
-// torch's C++ allocator. A tensor made from Python (new_empty) costs about
-// 1.5-2 us of argument parsing and dispatch; here each costs the allocation
-// and its Python object. Built only against the torch found at build time,
-// and imported only under that torch (python/turnout/ops/outputs.py).
+// The output tensors of an op made in one call into torch's C++ allocator. A
+// tensor made from Python (new_empty) costs about 1.5-2 us of argument
+// parsing and dispatch; here each costs the allocation and its Python object.
 #include <ATen/ATen.h>
 #include <Python.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <array>
+#include "torch_ext.hpp"
 
-namespace {
-
-// Element types by code (the module's constants of the same names).
-constexpr std::array<at::ScalarType, 7> kTypes = {at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat, at::kInt,
-                                                  at::kLong,     at::kBool,          at::kByte};
-constexpr const char* kTypeNames[] = {"BF16", "FP8_E4M3", "F32", "I32", "I64", "BOOL", "U8"};
+namespace turnout::torch_ext {
 
 // empty(device, code, rows, cols, code, rows, cols, ...): a tuple of new
 // tensors on `device` (a torch.device), each of element type `code` and
@@ -58,23 +51,4 @@ PyObject* empty(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef kMethods[] = {{"empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(empty)), METH_FASTCALL,
-                           "empty(device, code, rows, cols, ...) -> tuple of new tensors (cols < 0: one dimension)"},
-                          {nullptr, nullptr, 0, nullptr}};
-
-PyModuleDef kModule = {
-    PyModuleDef_HEAD_INIT, "_torch_outputs", nullptr, -1, kMethods, nullptr, nullptr, nullptr, nullptr};
-
-}  // namespace
-
-PyMODINIT_FUNC PyInit__torch_outputs() {
-  PyObject* m = PyModule_Create(&kModule);
-  if (m == nullptr) return nullptr;
-  for (size_t i = 0; i < kTypes.size(); ++i) {
-    if (PyModule_AddIntConstant(m, kTypeNames[i], static_cast<long>(i)) != 0) {
-      Py_DECREF(m);
-      return nullptr;
-    }
-  }
-  return m;
-}
+}  // namespace turnout::torch_ext

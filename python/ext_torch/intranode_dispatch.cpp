@@ -1,0 +1,217 @@
+// The common intranode dispatch in one call: a fresh dispatch with
+// num_worst_tokens, BF16 rows or FP8 rows with their scales, top-k given,
+// every tensor plain (exactly torch.Tensor, contiguous, on the buffer's
+// device) and the caller's stream already the buffer's last. The checks are
+// the Python layer's fast-path checks (python/turnout/ops/intranode.py); a
+// call that fails one is declined (None) before anything is allocated or
+// queued, and the Python layer then takes it and names what is wrong. The
+// launch goes through _C's capsule (intranode_entry.hpp), so the arguments
+// are never Python objects in between.
+#include <ATen/ATen.h>
+#include <Python.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <climits>
+#include <cstdint>
+#include <utility>
+
+#include "intranode_entry.hpp"
+#include "torch_ext.hpp"
+
+namespace turnout::torch_ext {
+
+namespace {
+
+using bindings::IntranodeEntry;
+
+const IntranodeEntry* g_entry = nullptr;
+
+// Exactly torch.Tensor, as the Python layer's `type(o) is torch.Tensor` (THPVariable_CheckExact
+// also takes a Parameter).
+bool is_tensor(PyObject* o) {
+  return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(THPVariableClass);
+}
+
+// `o` where it is a plain tensor: exactly torch.Tensor, of element type
+// `type`, `dim` dimensions, on device `index` (get_device()'s numbering, -1
+// the CPU) and contiguous; else null.
+const at::Tensor* plain(PyObject* o, at::ScalarType type, int64_t dim, int64_t index) {
+  if (!is_tensor(o)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(o);
+  if (t.scalar_type() != type || t.dim() != dim || t.get_device() != index || !t.is_contiguous()) return nullptr;
+  return &t;
+}
+
+// `o` where it is exactly an int in [min, INT_MAX] (as `type(o) is int`: no bool).
+bool int_at_least(PyObject* o, long long min, int* out) {
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || v < min || v > INT_MAX) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+template <typename T>
+T* address(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+PyObject* wrap(at::Tensor t) {
+  if (!t.defined()) Py_RETURN_NONE;
+  return THPVariable_Wrap(std::move(t));
+}
+
+}  // namespace
+
+PyObject* set_intranode_entry(PyObject*, PyObject* capsule) {
+  const auto* entry = static_cast<const IntranodeEntry*>(PyCapsule_GetPointer(capsule, bindings::kIntranodeEntryName));
+  if (entry == nullptr) return nullptr;
+  if (entry->entry_size != sizeof(IntranodeEntry) || entry->args_size != sizeof(DispatchArgs) ||
+      entry->counts_size != sizeof(DispatchCountsArgs)) {
+    PyErr_SetString(PyExc_ImportError,
+                    "turnout._torch_ext and turnout._C come from different builds: their intranode entries differ");
+    return nullptr;
+  }
+  g_entry = entry;
+  Py_RETURN_NONE;
+}
+
+// dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank,
+// num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
+// num_worst_tokens, num_ranks, device_index, stream): the seven outputs
+// (recv_x_scales None for BF16 rows), or None where the call is not one this
+// path takes.
+PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 13) {
+    PyErr_Format(PyExc_TypeError, "dispatch_worst: 13 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (g_entry == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "dispatch_worst: set_intranode_entry was not called");
+    return nullptr;
+  }
+  const long num_ranks = PyLong_AsLong(args[10]);
+  const long index = PyLong_AsLong(args[11]);
+  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[12]));
+  if (PyErr_Occurred()) return nullptr;
+  int expert_alignment = 0, num_worst = 0;
+  if (!int_at_least(args[8], 1, &expert_alignment) || !int_at_least(args[9], 1, &num_worst)) Py_RETURN_NONE;
+
+  // The rows: a BF16 tensor, or an (FP8 rows, f32 or i32 scales) tuple.
+  PyObject* x = args[2];
+  const at::Tensor* data = nullptr;
+  const at::Tensor* scales = nullptr;
+  int64_t row_bytes = 0;
+  if (is_tensor(x)) {
+    data = plain(x, at::kBFloat16, 2, index);
+    if (data == nullptr || data->size(1) % 8 != 0 || !aligned16(*data)) Py_RETURN_NONE;
+    row_bytes = data->size(1) * 2;
+  } else if (PyTuple_CheckExact(x) && PyTuple_GET_SIZE(x) == 2 && is_tensor(PyTuple_GET_ITEM(x, 1))) {
+    data = plain(PyTuple_GET_ITEM(x, 0), at::kFloat8_e4m3fn, 2, index);
+    scales = &THPVariable_Unpack(PyTuple_GET_ITEM(x, 1));
+    const at::ScalarType st = scales->scalar_type();
+    if (data == nullptr || (st != at::kFloat && st != at::kInt) || scales->dim() != 2 ||
+        scales->get_device() != index || scales->size(0) != data->size(0) || data->size(1) % 16 != 0 ||
+        !aligned16(*data))
+      Py_RETURN_NONE;
+    row_bytes = data->size(1);
+  } else {
+    Py_RETURN_NONE;
+  }
+  const int64_t num_tokens = data->size(0), hidden = data->size(1);
+
+  // The layout and the top-k.
+  const at::Tensor* per_rank = plain(args[3], at::kInt, 1, index);
+  const at::Tensor* in_rank = plain(args[4], at::kBool, 2, index);
+  const at::Tensor* per_expert = plain(args[5], at::kInt, 1, index);
+  const at::Tensor* topk_idx = plain(args[6], at::kLong, 2, index);
+  const at::Tensor* topk_weights = plain(args[7], at::kFloat, 2, index);
+  if (per_rank == nullptr || in_rank == nullptr || per_expert == nullptr || topk_idx == nullptr ||
+      topk_weights == nullptr)
+    Py_RETURN_NONE;
+  const int64_t num_experts = per_expert->size(0), num_topk = topk_idx->size(1);
+  if (in_rank->size(0) != num_tokens || in_rank->size(1) != num_ranks || per_rank->size(0) != num_ranks ||
+      topk_idx->size(0) != num_tokens || topk_weights->sizes() != topk_idx->sizes() || num_experts == 0 ||
+      num_experts % num_ranks != 0 || num_topk == 0 || num_tokens > INT_MAX || row_bytes > INT_MAX ||
+      num_experts > INT_MAX)
+    Py_RETURN_NONE;
+
+  // The outputs, in the order the Python layer makes them, on the rows' device.
+  const at::TensorOptions on = at::TensorOptions().device(data->device());
+  const int64_t rows = num_worst;
+  at::Tensor recv_x = at::empty({rows, hidden}, on.dtype(data->scalar_type()));
+  at::Tensor recv_scales;
+  if (scales != nullptr) recv_scales = at::empty({rows, scales->size(1)}, on.dtype(scales->scalar_type()));
+  at::Tensor recv_topk_idx = at::empty({rows, num_topk}, on.dtype(at::kLong));
+  at::Tensor recv_topk_weights = at::empty({rows, num_topk}, on.dtype(at::kFloat));
+  at::Tensor source_num_tokens = at::empty({num_ranks}, on.dtype(at::kInt));
+  at::Tensor recv_src_idx = at::empty({rows}, on.dtype(at::kInt));
+  at::Tensor prefix = at::empty({num_ranks, num_ranks}, on.dtype(at::kInt));
+
+  DispatchArgs a;
+  a.x = data->data_ptr();
+  a.num_tokens = static_cast<int>(num_tokens);
+  a.row_bytes = static_cast<int>(row_bytes);
+  if (scales != nullptr) {
+    a.x_scales = scales->data_ptr();
+    a.num_scales = static_cast<int>(scales->size(1));
+    a.scale_stride_token = scales->stride(0);
+    a.scale_stride_group = scales->stride(1);
+  }
+  a.topk_idx = address<const int64_t>(*topk_idx);
+  a.topk_weights = address<const float>(*topk_weights);
+  a.num_topk = static_cast<int>(num_topk);
+  a.num_experts = static_cast<int>(num_experts);
+  a.is_token_in_rank = address<const bool>(*in_rank);
+  a.rank_prefix_matrix = address<const int32_t>(prefix);
+  a.num_recv_rows = num_worst;
+  a.num_worst_tokens = num_worst;
+  a.out.recv_x = recv_x.data_ptr();
+  a.out.recv_x_scales = scales != nullptr ? recv_scales.data_ptr() : nullptr;
+  a.out.recv_topk_idx = address<int64_t>(recv_topk_idx);
+  a.out.recv_topk_weights = address<float>(recv_topk_weights);
+  a.out.recv_src_idx = address<int32_t>(recv_src_idx);
+  a.out.source_num_tokens = address<int32_t>(source_num_tokens);
+  DispatchCountsArgs counts;
+  counts.num_tokens = a.num_tokens;
+  counts.is_token_in_rank = a.is_token_in_rank;
+  counts.num_tokens_per_expert = address<const int32_t>(*per_expert);
+  counts.num_experts = a.num_experts;
+  counts.topk_idx = a.topk_idx;
+  counts.num_topk = a.num_topk;
+  counts.expert_alignment = expert_alignment;
+  counts.num_worst_tokens = num_worst;  // the rows the outputs have
+  counts.rank_prefix_matrix = address<int32_t>(prefix);
+
+  const int queued = g_entry->dispatch_known_rows(args[0], args[1], &counts, &a, stream);
+  if (queued < 0) return nullptr;
+  if (queued > 0) Py_RETURN_NONE;
+  PyObject* out = PyTuple_New(7);
+  if (out == nullptr) return nullptr;
+  at::Tensor made[7] = {std::move(recv_x),
+                        std::move(recv_scales),
+                        std::move(recv_topk_idx),
+                        std::move(recv_topk_weights),
+                        std::move(source_num_tokens),
+                        std::move(recv_src_idx),
+                        std::move(prefix)};
+  for (int i = 0; i < 7; ++i) {
+    PyObject* item = wrap(std::move(made[i]));
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i, item);
+  }
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+}  // namespace turnout::torch_ext

@@ -1,0 +1,40 @@
+// turnout._torch_ext: the method table and the element-type constants.
+#include <Python.h>
+
+#include "torch_ext.hpp"
+
+namespace {
+
+namespace te = turnout::torch_ext;
+
+template <typename F>
+PyCFunction function(F f) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
+}
+
+PyMethodDef kMethods[] = {
+    {"empty", function(te::empty), METH_FASTCALL,
+     "empty(device, code, rows, cols, ...) -> tuple of new tensors (cols < 0: one dimension)"},
+    {"set_intranode_entry", function(te::set_intranode_entry), METH_O,
+     "set_intranode_entry(capsule): _C.Buffer.intranode_entry, before the first dispatch_worst"},
+    {"dispatch_worst", function(te::dispatch_worst), METH_FASTCALL,
+     "dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, "
+     "topk_weights, expert_alignment, num_worst_tokens, num_ranks, device_index, stream) -> (recv_x, recv_x_scales, "
+     "recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, rank_prefix_matrix) or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_torch_ext", nullptr, -1, kMethods, nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__torch_ext() {
+  PyObject* m = PyModule_Create(&kModule);
+  if (m == nullptr) return nullptr;
+  for (size_t i = 0; i < te::kTypes.size(); ++i) {
+    if (PyModule_AddIntConstant(m, te::kTypeNames[i], static_cast<long>(i)) != 0) {
+      Py_DECREF(m);
+      return nullptr;
+    }
+  }
+  return m;
+}

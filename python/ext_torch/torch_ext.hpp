@@ -1,0 +1,27 @@
+// turnout._torch_ext: the parts of the Python layer built against torch's C++
+// API (module.cpp), each a METH_FASTCALL function. Built only against the
+// torch found at build time and imported only under it (turnout/torch_ext.py).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <Python.h>
+
+#include <array>
+
+namespace turnout::torch_ext {
+
+// Element types by code (the module's constants BF16 ... U8, in this order).
+inline constexpr std::array<at::ScalarType, 7> kTypes = {at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat, at::kInt,
+                                                         at::kLong,     at::kBool,          at::kByte};
+inline constexpr std::array<const char*, 7> kTypeNames = {"BF16", "FP8_E4M3", "F32", "I32", "I64", "BOOL", "U8"};
+
+// outputs.cpp: empty(device, code, rows, cols, ...) -> tuple of new tensors.
+PyObject* empty(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+
+// intranode_dispatch.cpp: set_intranode_entry(capsule), once at import; then
+// dispatch_worst(...) -> the outputs of a dispatch it queued, or None where
+// the call is not the common case it takes (the Python layer then does it).
+PyObject* set_intranode_entry(PyObject*, PyObject* capsule);
+PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace turnout::torch_ext

@@ -1,0 +1,75 @@
+"""A stand-in for _C's intranode entry (python/ext/intranode_entry.hpp),
+built with ctypes as a mirror of its structs: ``Recorder`` keeps each call's
+arguments and returns ``code`` (0: queued, 1: not taken). The CPU tests of
+turnout._torch_ext use it, and scripts/host_profile.py times the one-call
+dispatch with it (a callback from C into Python costs about 1 us of that)."""
+import ctypes
+
+
+class Counts(ctypes.Structure):  # DispatchCountsArgs
+    _fields_ = [("num_tokens", ctypes.c_int), ("is_token_in_rank", ctypes.c_void_p),
+                ("num_tokens_per_expert", ctypes.c_void_p), ("num_experts", ctypes.c_int),
+                ("topk_idx", ctypes.c_void_p), ("num_topk", ctypes.c_int), ("expert_alignment", ctypes.c_int),
+                ("num_worst_tokens", ctypes.c_int), ("num_sms", ctypes.c_int), ("num_max_send_tokens", ctypes.c_int),
+                ("num_max_recv_tokens", ctypes.c_int), ("rank_prefix_matrix", ctypes.c_void_p)]
+
+
+class Outputs(ctypes.Structure):  # DispatchOutputs
+    _fields_ = [(name, ctypes.c_void_p) for name in ("recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights",
+                                                     "recv_src_idx", "source_num_tokens")]
+
+
+class Args(ctypes.Structure):  # DispatchArgs
+    _fields_ = [("x", ctypes.c_void_p), ("num_tokens", ctypes.c_int), ("row_bytes", ctypes.c_int),
+                ("x_scales", ctypes.c_void_p), ("num_scales", ctypes.c_int), ("scale_stride_token", ctypes.c_int64),
+                ("scale_stride_group", ctypes.c_int64), ("topk_idx", ctypes.c_void_p),
+                ("topk_weights", ctypes.c_void_p), ("num_topk", ctypes.c_int), ("num_experts", ctypes.c_int),
+                ("is_token_in_rank", ctypes.c_void_p), ("rank_prefix_matrix", ctypes.c_void_p),
+                ("num_recv_rows", ctypes.c_int), ("num_worst_tokens", ctypes.c_int), ("num_sms", ctypes.c_int),
+                ("num_max_send_tokens", ctypes.c_int), ("num_max_recv_tokens", ctypes.c_int), ("out", Outputs)]
+
+
+ENTRY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Counts),
+                            ctypes.POINTER(Args), ctypes.c_size_t)
+
+
+class Entry(ctypes.Structure):  # IntranodeEntry
+    _fields_ = [("entry_size", ctypes.c_uint32), ("args_size", ctypes.c_uint32), ("counts_size", ctypes.c_uint32),
+                ("dispatch_known_rows", ENTRY_FN)]
+
+
+def capsule(entry, name=b"turnout._C.intranode_entry"):
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    name_buffer = ctypes.create_string_buffer(name)
+    made = new(ctypes.addressof(entry), name_buffer, None)
+    return made, name_buffer
+
+
+def values(structure):
+    return {name: getattr(structure, name) for name, _ in structure._fields_ if name != "out"}
+
+
+class Recorder:
+    """With ``keep`` false it only counts the calls (for timing)."""
+
+    def __init__(self, keep: bool = True):
+        self.calls, self.count, self.code = [], 0, 0
+
+        def record(native, config, counts, args, stream):
+            self.count += 1
+            if keep:
+                self.calls.append(dict(native=native, config=config, counts=values(counts.contents),
+                                       args=values(args.contents), out=values(args.contents.out), stream=stream))
+            return self.code
+
+        self.fn = ENTRY_FN(record)
+        self.entry = Entry(ctypes.sizeof(Entry), ctypes.sizeof(Args), ctypes.sizeof(Counts), self.fn)
+
+
+def install(module, recorder):
+    """Makes ``recorder`` the entry of ``module`` (turnout._torch_ext); returns
+    what must stay alive while it is."""
+    made, name = capsule(recorder.entry)
+    module.set_intranode_entry(made)
+    return made, name

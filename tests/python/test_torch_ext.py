@@ -1,0 +1,214 @@
+"""The common intranode dispatch in one call (turnout._torch_ext's
+dispatch_worst), without a GPU: CPU tensors stand for the buffer's device
+(index -1, their get_device()), and a recording entry, built here with ctypes
+as a mirror of python/ext/intranode_entry.hpp, stands for _C's launch. The
+call hands the entry exactly the tensors it returns and the scalars of the
+call; every call that is not the common case is declined before the entry
+is reached; and the op takes this path only where it may."""
+import ctypes
+
+import pytest
+import torch
+from test_normal_checks import FAST, Inputs, buffer_on, caller_stream  # noqa: F401 (autouse: stand-in streams)
+
+from intranode_entry_mirror import Args, Counts, Entry, Recorder, capsule, install
+from turnout import _C, torch_ext
+from turnout.event import EventOverlap
+from turnout.ops import intranode
+
+MODULE = torch_ext.MODULE
+pytestmark = pytest.mark.skipif(MODULE is None, reason="turnout._torch_ext is not in use here (not built against "
+                                "this torch, or turned off)")
+
+R, T, H, E, K, W = 4, 6, 64, 16, 3, 9
+STREAM = 0x1234
+
+
+@pytest.fixture
+def recorder():
+    rec = Recorder()
+    alive = install(MODULE, rec)
+    yield rec
+    MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
+    del alive
+
+
+class Call:
+    """A common call's arguments, each replaceable."""
+
+    def __init__(self, fp8=False):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        self.args = dict(native=object(), config=object(),
+                         x=(x.float().to(torch.float8_e4m3fn), torch.rand(T, H // 32, generator=g)) if fp8 else x,
+                         num_tokens_per_rank=torch.zeros(R, dtype=torch.int32),
+                         is_token_in_rank=torch.ones(T, R, dtype=torch.bool),
+                         num_tokens_per_expert=torch.zeros(E, dtype=torch.int32),
+                         topk_idx=torch.randint(0, E, (T, K), generator=g), topk_weights=torch.rand(T, K, generator=g),
+                         expert_alignment=1, num_worst_tokens=W, num_ranks=R, device_index=FAST, stream=STREAM)
+
+    def __call__(self, **changes):
+        args = dict(self.args, **changes)
+        return MODULE.dispatch_worst(*args.values())
+
+
+def test_the_build_has_the_entry_of_its_own_c_module():
+    assert MODULE.set_intranode_entry(_C.Buffer.intranode_entry) is None
+
+
+def test_an_entry_of_another_build_or_name_is_refused(recorder):
+    other = Entry(ctypes.sizeof(Entry), ctypes.sizeof(Args) + 8, ctypes.sizeof(Counts), recorder.fn)
+    made, _ = capsule(other)
+    with pytest.raises(ImportError, match="different builds"):
+        MODULE.set_intranode_entry(made)
+    made, _ = capsule(recorder.entry, b"another.capsule")
+    with pytest.raises(ValueError):
+        MODULE.set_intranode_entry(made)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_the_common_call_hands_the_entry_what_it_returns(recorder, fp8):
+    call = Call(fp8)
+    a = call.args
+    out = call(expert_alignment=2)
+    assert out is not None and len(recorder.calls) == 1
+    recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = out
+    got = recorder.calls[0]
+    assert got["native"] is a["native"] and got["config"] is a["config"] and got["stream"] == STREAM
+    data, scales = a["x"] if fp8 else (a["x"], None)
+    assert recv_x.dtype == data.dtype and tuple(recv_x.shape) == (W, H)
+    assert tuple(recv_topk_idx.shape) == (W, K) and recv_topk_idx.dtype == torch.int64
+    assert tuple(recv_topk_weights.shape) == (W, K) and recv_topk_weights.dtype == torch.float32
+    assert tuple(source_num_tokens.shape) == (R,) and tuple(recv_src_idx.shape) == (W,)
+    assert tuple(prefix.shape) == (R, R) and prefix.dtype == source_num_tokens.dtype == torch.int32
+    args, counts, outs = got["args"], got["counts"], got["out"]
+    assert args["x"] == data.data_ptr() and args["num_tokens"] == T
+    assert args["row_bytes"] == H * data.element_size()
+    if fp8:
+        assert recv_scales.dtype == scales.dtype and tuple(recv_scales.shape) == (W, scales.shape[1])
+        assert args["x_scales"] == scales.data_ptr() and args["num_scales"] == scales.shape[1]
+        assert (args["scale_stride_token"], args["scale_stride_group"]) == scales.stride()
+        assert outs["recv_x_scales"] == recv_scales.data_ptr()
+    else:
+        assert recv_scales is None and args["x_scales"] is None and outs["recv_x_scales"] is None
+    assert args["topk_idx"] == counts["topk_idx"] == a["topk_idx"].data_ptr()
+    assert args["topk_weights"] == a["topk_weights"].data_ptr()
+    assert args["is_token_in_rank"] == counts["is_token_in_rank"] == a["is_token_in_rank"].data_ptr()
+    assert args["rank_prefix_matrix"] == counts["rank_prefix_matrix"] == prefix.data_ptr()
+    assert (args["num_topk"], args["num_experts"], args["num_recv_rows"], args["num_worst_tokens"]) == (K, E, W, W)
+    assert (counts["num_tokens"], counts["num_topk"], counts["num_experts"]) == (T, K, E)
+    assert counts["num_tokens_per_expert"] == a["num_tokens_per_expert"].data_ptr()
+    assert counts["expert_alignment"] == 2 and counts["num_worst_tokens"] == W
+    assert outs["recv_x"] == recv_x.data_ptr() and outs["recv_topk_idx"] == recv_topk_idx.data_ptr()
+    assert outs["recv_topk_weights"] == recv_topk_weights.data_ptr()
+    assert outs["recv_src_idx"] == recv_src_idx.data_ptr()
+    assert outs["source_num_tokens"] == source_num_tokens.data_ptr()
+
+
+def not_contiguous(t):
+    return t.t().contiguous().t() if t.dim() == 2 else t.repeat(2)[::2]
+
+
+DECLINED = {
+    "x of 60 channels": lambda c: dict(x=c.args["x"][:, :60].contiguous()),
+    "x not contiguous": lambda c: dict(x=not_contiguous(c.args["x"])),
+    "x a Parameter": lambda c: dict(x=torch.nn.Parameter(c.args["x"], requires_grad=False)),
+    "x float32": lambda c: dict(x=c.args["x"].float()),
+    "x a list": lambda c: dict(x=[c.args["x"]]),
+    "another device index": lambda c: dict(device_index=0),
+    "num_worst_tokens 0": lambda c: dict(num_worst_tokens=0),
+    "num_worst_tokens True": lambda c: dict(num_worst_tokens=True),
+    "num_worst_tokens 2**31": lambda c: dict(num_worst_tokens=1 << 31),
+    "num_worst_tokens 9.0": lambda c: dict(num_worst_tokens=9.0),
+    "expert_alignment 0": lambda c: dict(expert_alignment=0),
+    "no top-k": lambda c: dict(topk_idx=None, topk_weights=None),
+    "top-k of no slot": lambda c: dict(topk_idx=c.args["topk_idx"][:, :0].contiguous(),
+                                       topk_weights=c.args["topk_weights"][:, :0].contiguous()),
+    "topk_idx int32": lambda c: dict(topk_idx=c.args["topk_idx"].int()),
+    "topk_weights of another shape": lambda c: dict(topk_weights=c.args["topk_weights"][:, :2].contiguous()),
+    "topk_weights not contiguous": lambda c: dict(topk_weights=not_contiguous(c.args["topk_weights"])),
+    "is_token_in_rank of 3 ranks": lambda c: dict(is_token_in_rank=c.args["is_token_in_rank"][:, :3].contiguous()),
+    "is_token_in_rank uint8": lambda c: dict(is_token_in_rank=c.args["is_token_in_rank"].byte()),
+    "num_tokens_per_rank of 5": lambda c: dict(num_tokens_per_rank=torch.zeros(5, dtype=torch.int32)),
+    "num_tokens_per_expert of 18": lambda c: dict(num_tokens_per_expert=torch.zeros(18, dtype=torch.int32)),
+    "num_tokens_per_expert empty": lambda c: dict(num_tokens_per_expert=torch.zeros(0, dtype=torch.int32)),
+    "num_tokens_per_expert int64": lambda c: dict(num_tokens_per_expert=torch.zeros(E, dtype=torch.int64)),
+}
+DECLINED_FP8 = {
+    "scales float64": lambda c: dict(x=(c.args["x"][0], c.args["x"][1].double())),
+    "scales of 5 rows": lambda c: dict(x=(c.args["x"][0], c.args["x"][1][:5])),
+    "scales 1-D": lambda c: dict(x=(c.args["x"][0], c.args["x"][1][:, 0].contiguous())),
+    "rows of 40 channels": lambda c: dict(x=(c.args["x"][0][:, :40].contiguous(), c.args["x"][1])),
+    "a tuple of three": lambda c: dict(x=c.args["x"] + (c.args["x"][1],)),
+    "a list of two": lambda c: dict(x=list(c.args["x"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED))
+def test_a_call_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
+    call = Call()
+    assert call(**DECLINED[case](call)) is None
+    assert recorder.calls == []
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED_FP8))
+def test_an_fp8_call_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
+    call = Call(fp8=True)
+    assert call(**DECLINED_FP8[case](call)) is None
+    assert recorder.calls == []
+
+
+def test_an_entry_that_does_not_take_the_buffer_gives_none(recorder):
+    recorder.code = 1
+    assert Call()() is None and len(recorder.calls) == 1
+
+
+def test_the_c_entry_does_not_take_what_is_not_its_buffer():
+    MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
+    assert Call()() is None
+
+
+class PythonPath(Exception):
+    pass
+
+
+def test_the_op_takes_the_path_only_where_it_may(recorder, request, monkeypatch):
+    streams_now = request.getfixturevalue("caller_stream")  # the autouse stand-in streams' list
+    buf = buffer_on(FAST)
+    inputs = Inputs(buf)
+    native = buf._context.native
+    # Until an op makes the caller's stream the buffer's last: the Python path.
+    buf._context.tail = None
+    inputs.dispatch(buf, num_worst_tokens=W)
+    assert recorder.calls == [] and [name for name, _ in native.calls][-1] == "dispatch_known_rows"
+    before = len(native.calls)
+    recv_x, recv_idx, recv_weights, per_expert, handle, event = inputs.dispatch(buf, num_worst_tokens=W)
+    assert len(recorder.calls) == 1 and len(native.calls) == before
+    got = recorder.calls[0]
+    assert got["native"] is native and got["out"]["recv_x"] == recv_x.data_ptr() and per_expert == []
+    assert got["out"]["recv_topk_idx"] == recv_idx.data_ptr()
+    assert got["out"]["recv_topk_weights"] == recv_weights.data_ptr()
+    prefix, source_num_tokens, _, src_idx, in_rank, _ = handle
+    assert got["args"]["rank_prefix_matrix"] == prefix.data_ptr() and in_rank is inputs.in_rank
+    assert got["out"]["source_num_tokens"] == source_num_tokens.data_ptr()
+    assert got["out"]["recv_src_idx"] == src_idx.data_ptr() and event.event is None
+    # Not the common case: the Python path, and the entry is not called.
+    inputs.dispatch(buf, num_worst_tokens=0)
+    buf.dispatch(inputs.x, handle=handle)
+    streams_now[0] += 1  # another stream than the buffer's last: it must follow first
+    inputs.dispatch(buf, num_worst_tokens=W)
+    assert len(recorder.calls) == 1 and buf._context.tail == streams_now[0]
+    # A bad argument still raises naming it, from the Python path.
+    with pytest.raises(TypeError, match="topk_weights"):
+        inputs.dispatch(buf, num_worst_tokens=W, topk_weights=inputs.weights.double())
+    assert len(recorder.calls) == 1
+
+    # Events and the communication stream: the Python path's streams (stopped here, as they need a GPU).
+    def python_path(*args):
+        raise PythonPath()
+
+    monkeypatch.setattr(intranode.op_streams, "normal_op_streams", python_path)
+    for changes in (dict(async_finish=True), dict(allocate_on_comm_stream=True), dict(previous_event=EventOverlap())):
+        with pytest.raises(PythonPath):
+            inputs.dispatch(buf, num_worst_tokens=W, **changes)
+    assert len(recorder.calls) == 1
