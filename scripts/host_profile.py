@@ -9,7 +9,10 @@ times for host time: FP8, BF16, with stats, ``async_finish``, the send of
 native buffer whose calls do nothing, so what it times is the Python layer
 alone: checks, allocations, output sets, handles, events, the pending queue.
 On a GPU host the native call (the kernel launch), the caching allocator and
-the CUDA stream and event calls come on top.
+the CUDA stream and event calls come on top. Where turnout._torch_ext is in
+use, the "one call" modes time its one-call dispatch (checks, outputs and a
+call into a ctypes entry that queues nothing, tests/python/intranode_entry_mirror.py);
+the other dispatch modes keep to the Python layer's own path.
 
 Per mode: the mean us per call of the best of ``--repeats`` runs of
 ``--calls`` calls back to back, in the thread's CPU time (this machine's
@@ -35,10 +38,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
 
+import intranode_entry_mirror  # noqa: E402
 import low_latency_standin as standin  # noqa: E402
-from turnout import Buffer  # noqa: E402
+from turnout import _C, Buffer, torch_ext  # noqa: E402
+from turnout.ops import intranode, streams  # noqa: E402
 from turnout.ops import low_latency as ll  # noqa: E402
-from turnout.ops import streams  # noqa: E402
 
 # The bench's shape at EP2: 128 tokens, hidden 7168, top-8 of 288 experts.
 RANKS, TOKENS, HIDDEN, EXPERTS, TOPK = 2, 128, 7168, 288, 8
@@ -165,16 +169,57 @@ def modes(buffer: Buffer):
         recv_x, _, recv_weights, _, handle, _ = normal_dispatch()
         return loop(lambda: buffer.combine(recv_x, handle, recv_weights))(n)
 
+    def python_path(make):
+        # The Python layer's own path: the one-call dispatch turned off (the
+        # stand-in buffer is not _C's, so _C's entry would decline it after
+        # its checks and allocations).
+        def made(n):
+            run = make(n)
+
+            def in_python():
+                saved, intranode._dispatch_worst = intranode._dispatch_worst, None
+                try:
+                    run()
+                finally:
+                    intranode._dispatch_worst = saved
+            return in_python
+        return made
+
+    def one_call(make):
+        # The one-call dispatch of turnout._torch_ext with a ctypes entry that
+        # queues nothing (its callback from C into Python is part of the figure).
+        def made(n):
+            run = make(n)
+
+            def through_entry():
+                entry = intranode_entry_mirror.Recorder(keep=False)
+                alive = intranode_entry_mirror.install(torch_ext.MODULE, entry)
+                try:
+                    run()
+                finally:
+                    torch_ext.MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
+                del alive
+                if entry.count != n:
+                    raise RuntimeError(f"the one-call dispatch took {entry.count} of {n} calls")
+            return through_entry
+        return made
+
     def cached_dispatch(n):
         handle = normal_dispatch()[4]
         return loop(lambda: buffer.dispatch(x, handle))(n)
 
+    worst_bf16 = loop(lambda: normal_dispatch(num_worst_tokens=TOKENS * RANKS))
+    worst_fp8 = loop(lambda: normal_dispatch(x_fp8, num_worst_tokens=TOKENS * RANKS))
+    one_call_modes = [] if torch_ext.MODULE is None else [
+        ("dispatch BF16, num_worst_tokens, one call", one_call(worst_bf16)),
+        ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8))]
     return [
         ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
-        ("dispatch BF16, num_worst_tokens", loop(lambda: normal_dispatch(num_worst_tokens=TOKENS * RANKS))),
+        ("dispatch BF16, num_worst_tokens", python_path(worst_bf16)),
         ("dispatch BF16, counts from the host", loop(normal_dispatch)),
         ("dispatch BF16, cached", cached_dispatch),
-        ("dispatch FP8, num_worst_tokens", loop(lambda: normal_dispatch(x_fp8, num_worst_tokens=TOKENS * RANKS))),
+        ("dispatch FP8, num_worst_tokens", python_path(worst_fp8)),
+        *one_call_modes,
         ("combine BF16, with weights", normal_combine),
         ("low_latency_dispatch FP8", loop(dispatch)),
         ("low_latency_dispatch FP8, cumulative stats",
