@@ -21,7 +21,7 @@ list(GET _turnout_torch_info 1 _turnout_torch_version)
 list(GET _turnout_torch_info 2 _turnout_torch_abi)
 message(STATUS "turnout._torch_ext: against torch ${_turnout_torch_version} (${_turnout_torch_dir})")
 Python_add_library(_torch_ext MODULE WITH_SOABI python/ext_torch/module.cpp python/ext_torch/outputs.cpp
-                   python/ext_torch/intranode_dispatch.cpp)
+                   python/ext_torch/intranode_ops.cpp)
 target_compile_features(_torch_ext PRIVATE cxx_std_17)
 target_include_directories(_torch_ext PRIVATE "${PROJECT_SOURCE_DIR}/include" "${PROJECT_SOURCE_DIR}/python/ext")
 target_include_directories(_torch_ext SYSTEM PRIVATE "${_turnout_torch_dir}/include"

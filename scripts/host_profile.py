@@ -170,24 +170,25 @@ def modes(buffer: Buffer):
         return loop(lambda: buffer.combine(recv_x, handle, recv_weights))(n)
 
     def python_path(make):
-        # The Python layer's own path: the one-call dispatch turned off (the
-        # stand-in buffer is not _C's, so _C's entry would decline it after
-        # its checks and allocations).
+        # The Python layer's own path: the one-call dispatch and combine turned
+        # off (the stand-in buffer is not _C's, so _C's entry would decline
+        # them after their checks and allocations).
         def made(n):
             run = make(n)
 
             def in_python():
-                saved, intranode._dispatch_worst = intranode._dispatch_worst, None
+                saved = intranode._dispatch_worst, intranode._combine_plain
+                intranode._dispatch_worst = intranode._combine_plain = None
                 try:
                     run()
                 finally:
-                    intranode._dispatch_worst = saved
+                    intranode._dispatch_worst, intranode._combine_plain = saved
             return in_python
         return made
 
     def one_call(make):
-        # The one-call dispatch of turnout._torch_ext with a ctypes entry that
-        # queues nothing (its callback from C into Python is part of the figure).
+        # turnout._torch_ext's one-call path with a ctypes entry that queues
+        # nothing (its callback from C into Python is part of the figure).
         def made(n):
             run = make(n)
 
@@ -200,7 +201,7 @@ def modes(buffer: Buffer):
                     torch_ext.MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
                 del alive
                 if entry.count != n:
-                    raise RuntimeError(f"the one-call dispatch took {entry.count} of {n} calls")
+                    raise RuntimeError(f"the one-call path took {entry.count} of {n} calls")
             return through_entry
         return made
 
@@ -212,15 +213,16 @@ def modes(buffer: Buffer):
     worst_fp8 = loop(lambda: normal_dispatch(x_fp8, num_worst_tokens=TOKENS * RANKS))
     one_call_modes = [] if torch_ext.MODULE is None else [
         ("dispatch BF16, num_worst_tokens, one call", one_call(worst_bf16)),
-        ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8))]
+        ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8)),
+        ("combine BF16, with weights, one call", one_call(normal_combine))]
     return [
         ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
         ("dispatch BF16, num_worst_tokens", python_path(worst_bf16)),
         ("dispatch BF16, counts from the host", loop(normal_dispatch)),
         ("dispatch BF16, cached", cached_dispatch),
         ("dispatch FP8, num_worst_tokens", python_path(worst_fp8)),
+        ("combine BF16, with weights", python_path(normal_combine)),
         *one_call_modes,
-        ("combine BF16, with weights", normal_combine),
         ("low_latency_dispatch FP8", loop(dispatch)),
         ("low_latency_dispatch FP8, cumulative stats",
          loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))),

@@ -157,8 +157,8 @@ void combine(Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_we
   join_after(b, s, join_to);
 }
 
-// The capsule's function (intranode_entry.hpp): dispatch_known_rows above,
-// with the arguments already in their structs.
+// The capsule's functions (intranode_entry.hpp): dispatch_known_rows and
+// combine above, with the arguments already in their structs.
 int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* a,
                               uintptr_t s) {
   if (!nb::isinstance<Buffer>(nb::handle(native)) || !nb::isinstance<Config>(nb::handle(config))) return 1;
@@ -174,8 +174,20 @@ int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCounts
   }
 }
 
-const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs), sizeof(DispatchCountsArgs),
-                               entry_dispatch_known_rows};
+int entry_combine(PyObject* native, PyObject* config, CombineArgs* a, uintptr_t s) {
+  if (!nb::isinstance<Buffer>(nb::handle(native)) || !nb::isinstance<Config>(nb::handle(config))) return 1;
+  try {
+    set_channels(*a, *nb::inst_ptr<Config>(nb::handle(config)));
+    nb::inst_ptr<Buffer>(nb::handle(native))->combine(*a, stream(s));
+    return 0;
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return -1;
+  }
+}
+
+const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs),      sizeof(DispatchCountsArgs),
+                               sizeof(CombineArgs),    entry_dispatch_known_rows, entry_combine};
 
 }  // namespace
 

@@ -1,7 +1,7 @@
-// The intranode dispatch as _C hands it to turnout._torch_ext: a C function
-// behind a capsule, so the extension built against torch launches a dispatch
-// whose checks and outputs it made itself, with no Python argument parsing in
-// between, and _C still links no libtorch. Both modules are built from these
+// The intranode dispatch and combine as _C hands them to turnout._torch_ext:
+// C functions behind a capsule, so the extension built against torch launches
+// an op whose checks and outputs it made itself, with no Python argument
+// parsing in between, and _C still links no libtorch. Both modules are built from these
 // headers in one build; the sizes below catch a mix of two builds.
 #pragma once
 
@@ -16,16 +16,18 @@ namespace turnout::bindings {
 inline constexpr const char* kIntranodeEntryName = "turnout._C.intranode_entry";
 
 struct IntranodeEntry {
-  uint32_t entry_size;   // sizeof(IntranodeEntry)
-  uint32_t args_size;    // sizeof(DispatchArgs)
-  uint32_t counts_size;  // sizeof(DispatchCountsArgs)
-  // GIL held. A dispatch whose receive rows are known (num_worst_tokens) on
-  // `native` (a _C.Buffer) with `config` (a _C.Config)'s channels, queued on
-  // `stream`: 1 when `native` or `config` is not of _C's types (nothing done,
-  // no error set), 0 when queued, -1 with the Python error set as _C's own
-  // calls set it.
+  uint32_t entry_size;    // sizeof(IntranodeEntry)
+  uint32_t args_size;     // sizeof(DispatchArgs)
+  uint32_t counts_size;   // sizeof(DispatchCountsArgs)
+  uint32_t combine_size;  // sizeof(CombineArgs)
+  // Each: GIL held; the op on `native` (a _C.Buffer) with `config` (a
+  // _C.Config)'s channels, queued on `stream`. 1 when `native` or `config` is
+  // not of _C's types (nothing done, no error set), 0 when queued, -1 with
+  // the Python error set as _C's own calls set it.
+  // A dispatch whose receive rows are known (num_worst_tokens).
   int (*dispatch_known_rows)(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* args,
                              uintptr_t stream);
+  int (*combine)(PyObject* native, PyObject* config, CombineArgs* args, uintptr_t stream);
 };
 
 }  // namespace turnout::bindings

@@ -18,10 +18,12 @@ inline constexpr std::array<const char*, 7> kTypeNames = {"BF16", "FP8_E4M3", "F
 // outputs.cpp: empty(device, code, rows, cols, ...) -> tuple of new tensors.
 PyObject* empty(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
-// intranode_dispatch.cpp: set_intranode_entry(capsule), once at import; then
-// dispatch_worst(...) -> the outputs of a dispatch it queued, or None where
-// the call is not the common case it takes (the Python layer then does it).
+// intranode_ops.cpp: set_intranode_entry(capsule), once at import; then
+// dispatch_worst(...) and combine_plain(...) -> the outputs of an op they
+// queued, or None where the call is not the common case they take (the
+// Python layer then does it).
 PyObject* set_intranode_entry(PyObject*, PyObject* capsule);
 PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace turnout::torch_ext

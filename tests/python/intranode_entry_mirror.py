@@ -29,13 +29,31 @@ class Args(ctypes.Structure):  # DispatchArgs
                 ("num_max_send_tokens", ctypes.c_int), ("num_max_recv_tokens", ctypes.c_int), ("out", Outputs)]
 
 
+class CombineArgs(ctypes.Structure):  # CombineArgs
+    _fields_ = [("x", ctypes.c_void_p), ("num_rows", ctypes.c_int), ("hidden", ctypes.c_int),
+                ("topk_weights", ctypes.c_void_p), ("num_topk", ctypes.c_int), ("bias0", ctypes.c_void_p),
+                ("bias1", ctypes.c_void_p), ("rank_prefix_matrix", ctypes.c_void_p),
+                ("source_num_tokens", ctypes.c_void_p), ("recv_src_idx", ctypes.c_void_p),
+                ("is_token_in_rank", ctypes.c_void_p), ("num_tokens", ctypes.c_int), ("num_sms", ctypes.c_int),
+                ("num_max_send_tokens", ctypes.c_int), ("num_max_recv_tokens", ctypes.c_int),
+                ("combined_x", ctypes.c_void_p), ("combined_topk_weights", ctypes.c_void_p)]
+
+
 ENTRY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Counts),
                             ctypes.POINTER(Args), ctypes.c_size_t)
+COMBINE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(CombineArgs),
+                              ctypes.c_size_t)
 
 
 class Entry(ctypes.Structure):  # IntranodeEntry
     _fields_ = [("entry_size", ctypes.c_uint32), ("args_size", ctypes.c_uint32), ("counts_size", ctypes.c_uint32),
-                ("dispatch_known_rows", ENTRY_FN)]
+                ("combine_size", ctypes.c_uint32), ("dispatch_known_rows", ENTRY_FN), ("combine", COMBINE_FN)]
+
+
+def sizes(**changes):
+    """The four sizes of an entry, as this build's structs have them, with ``changes``."""
+    return dict(dict(entry_size=ctypes.sizeof(Entry), args_size=ctypes.sizeof(Args),
+                     counts_size=ctypes.sizeof(Counts), combine_size=ctypes.sizeof(CombineArgs)), **changes)
 
 
 def capsule(entry, name=b"turnout._C.intranode_entry"):
@@ -51,20 +69,28 @@ def values(structure):
 
 
 class Recorder:
-    """With ``keep`` false it only counts the calls (for timing)."""
+    """Keeps each call's arguments in ``calls`` (``op`` "dispatch" or
+    "combine"); with ``keep`` false it only counts them (for timing)."""
 
     def __init__(self, keep: bool = True):
         self.calls, self.count, self.code = [], 0, 0
 
-        def record(native, config, counts, args, stream):
+        def dispatch(native, config, counts, args, stream):
             self.count += 1
             if keep:
-                self.calls.append(dict(native=native, config=config, counts=values(counts.contents),
+                self.calls.append(dict(op="dispatch", native=native, config=config, counts=values(counts.contents),
                                        args=values(args.contents), out=values(args.contents.out), stream=stream))
             return self.code
 
-        self.fn = ENTRY_FN(record)
-        self.entry = Entry(ctypes.sizeof(Entry), ctypes.sizeof(Args), ctypes.sizeof(Counts), self.fn)
+        def combine(native, config, args, stream):
+            self.count += 1
+            if keep:
+                self.calls.append(dict(op="combine", native=native, config=config, args=values(args.contents),
+                                       stream=stream))
+            return self.code
+
+        self.fns = ENTRY_FN(dispatch), COMBINE_FN(combine)
+        self.entry = Entry(**sizes(), dispatch_known_rows=self.fns[0], combine=self.fns[1])
 
 
 def install(module, recorder):

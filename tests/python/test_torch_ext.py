@@ -1,17 +1,16 @@
-"""The common intranode dispatch in one call (turnout._torch_ext's
-dispatch_worst), without a GPU: CPU tensors stand for the buffer's device
-(index -1, their get_device()), and a recording entry, built here with ctypes
-as a mirror of python/ext/intranode_entry.hpp, stands for _C's launch. The
-call hands the entry exactly the tensors it returns and the scalars of the
-call; every call that is not the common case is declined before the entry
-is reached; and the op takes this path only where it may."""
-import ctypes
-
+"""The common intranode dispatch and combine, each in one call
+(turnout._torch_ext's dispatch_worst and combine_plain), without a GPU: CPU
+tensors stand for the buffer's device (index -1, their get_device()), and a
+recording entry, built with ctypes as a mirror of
+python/ext/intranode_entry.hpp, stands for _C's launch. Each call hands the
+entry exactly the tensors it returns and the scalars of the call; every call
+that is not the common case is declined before the entry is reached; and the
+ops take these paths only where they may."""
 import pytest
 import torch
 from test_normal_checks import FAST, Inputs, buffer_on, caller_stream  # noqa: F401 (autouse: stand-in streams)
 
-from intranode_entry_mirror import Args, Counts, Entry, Recorder, capsule, install
+from intranode_entry_mirror import Entry, Recorder, capsule, install, sizes
 from turnout import _C, torch_ext
 from turnout.event import EventOverlap
 from turnout.ops import intranode
@@ -57,10 +56,12 @@ def test_the_build_has_the_entry_of_its_own_c_module():
 
 
 def test_an_entry_of_another_build_or_name_is_refused(recorder):
-    other = Entry(ctypes.sizeof(Entry), ctypes.sizeof(Args) + 8, ctypes.sizeof(Counts), recorder.fn)
-    made, _ = capsule(other)
-    with pytest.raises(ImportError, match="different builds"):
-        MODULE.set_intranode_entry(made)
+    for field in ("entry_size", "args_size", "counts_size", "combine_size"):
+        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), dispatch_known_rows=recorder.fns[0],
+                      combine=recorder.fns[1])
+        made, _ = capsule(other)
+        with pytest.raises(ImportError, match="different builds"):
+            MODULE.set_intranode_entry(made)
     made, _ = capsule(recorder.entry, b"another.capsule")
     with pytest.raises(ValueError):
         MODULE.set_intranode_entry(made)
@@ -212,3 +213,103 @@ def test_the_op_takes_the_path_only_where_it_may(recorder, request, monkeypatch)
         with pytest.raises(PythonPath):
             inputs.dispatch(buf, num_worst_tokens=W, **changes)
     assert len(recorder.calls) == 1
+
+
+N = 7  # rows a dispatch received
+
+
+class CombineCall:
+    """A common combine's arguments (the handle's tensors made up), each replaceable."""
+
+    def __init__(self, weights=True):
+        g = torch.Generator().manual_seed(1)
+        self.args = dict(native=object(), config=object(), x=torch.randn(N, H, generator=g).bfloat16(),
+                         topk_weights=torch.rand(N, K, generator=g) if weights else None,
+                         rank_prefix_matrix=torch.zeros(R, R, dtype=torch.int32),
+                         source_num_tokens=torch.zeros(R, dtype=torch.int32),
+                         recv_src_idx=torch.zeros(N, dtype=torch.int32),
+                         is_token_in_rank=torch.ones(T, R, dtype=torch.bool), device_index=FAST, stream=STREAM)
+
+    def __call__(self, **changes):
+        return MODULE.combine_plain(*dict(self.args, **changes).values())
+
+
+@pytest.mark.parametrize("weights", [True, False], ids=["weights", "no weights"])
+def test_the_common_combine_hands_the_entry_what_it_returns(recorder, weights):
+    call = CombineCall(weights)
+    a = call.args
+    combined_x, combined_weights = call()
+    assert [c["op"] for c in recorder.calls] == ["combine"]
+    got = recorder.calls[0]
+    args = got["args"]
+    assert got["native"] is a["native"] and got["config"] is a["config"] and got["stream"] == STREAM
+    assert combined_x.dtype == torch.bfloat16 and tuple(combined_x.shape) == (T, H)
+    assert args["x"] == a["x"].data_ptr() and (args["num_rows"], args["hidden"], args["num_tokens"]) == (N, H, T)
+    assert args["combined_x"] == combined_x.data_ptr()
+    for name in ("rank_prefix_matrix", "source_num_tokens", "recv_src_idx", "is_token_in_rank"):
+        assert args[name] == a[name].data_ptr(), name
+    assert args["bias0"] is None and args["bias1"] is None
+    if weights:
+        assert combined_weights.dtype == torch.float32 and tuple(combined_weights.shape) == (T, K)
+        assert args["topk_weights"] == a["topk_weights"].data_ptr() and args["num_topk"] == K
+        assert args["combined_topk_weights"] == combined_weights.data_ptr()
+    else:
+        assert combined_weights is None and args["topk_weights"] is None and args["num_topk"] == 0
+        assert args["combined_topk_weights"] is None
+
+
+COMBINE_DECLINED = {
+    "x of 6 rows": lambda c: dict(x=c.args["x"][:6].contiguous()),
+    "x float32": lambda c: dict(x=c.args["x"].float()),
+    "x of 60 channels": lambda c: dict(x=c.args["x"][:, :60].contiguous()),
+    "x not contiguous": lambda c: dict(x=not_contiguous(c.args["x"])),
+    "x a Parameter": lambda c: dict(x=torch.nn.Parameter(c.args["x"], requires_grad=False)),
+    "x a tuple": lambda c: dict(x=(c.args["x"],)),
+    "another device index": lambda c: dict(device_index=0),
+    "weights of 6 rows": lambda c: dict(topk_weights=c.args["topk_weights"][:6].contiguous()),
+    "weights of no slot": lambda c: dict(topk_weights=c.args["topk_weights"][:, :0].contiguous()),
+    "weights float64": lambda c: dict(topk_weights=c.args["topk_weights"].double()),
+    "weights not contiguous": lambda c: dict(topk_weights=not_contiguous(c.args["topk_weights"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMBINE_DECLINED))
+def test_a_combine_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
+    call = CombineCall()
+    assert call(**COMBINE_DECLINED[case](call)) is None
+    assert recorder.calls == []
+
+
+def test_a_handle_entry_that_is_not_a_tensor_is_a_type_error(recorder):
+    with pytest.raises(TypeError, match="handle tensor 2"):
+        CombineCall()(recv_src_idx=[0] * N)
+    assert recorder.calls == []
+
+
+def test_the_op_combines_in_one_call_only_where_it_may(recorder, monkeypatch):
+    buf = buffer_on(FAST)
+    inputs = Inputs(buf)
+    native = buf._context.native
+    recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf, num_worst_tokens=W)
+    before = len(native.calls)
+    combined_x, combined_weights, event = buf.combine(recv_x, handle, recv_weights)
+    assert [c["op"] for c in recorder.calls] == ["dispatch", "combine"] and len(native.calls) == before
+    got = recorder.calls[-1]["args"]
+    assert got["combined_x"] == combined_x.data_ptr() and got["combined_topk_weights"] == combined_weights.data_ptr()
+    assert got["x"] == recv_x.data_ptr() and got["recv_src_idx"] == handle[3].data_ptr() and event.event is None
+    # A bias, or a handle of another buffer: the Python path (which names the bad handle).
+    buf.combine(recv_x, handle, recv_weights, bias=torch.zeros(T, H, dtype=torch.bfloat16))
+    assert len(recorder.calls) == 2 and [name for name, _ in native.calls][-1] == "combine"
+    other = buffer_on(FAST)
+    with pytest.raises(ValueError, match="handle"):
+        other.combine(recv_x, handle, recv_weights)
+    assert len(recorder.calls) == 2
+
+    def python_path(*args):
+        raise PythonPath()
+
+    monkeypatch.setattr(intranode.op_streams, "normal_op_streams", python_path)
+    for changes in (dict(async_finish=True), dict(allocate_on_comm_stream=True), dict(previous_event=EventOverlap())):
+        with pytest.raises(PythonPath):
+            buf.combine(recv_x, handle, recv_weights, **changes)
+    assert len(recorder.calls) == 2

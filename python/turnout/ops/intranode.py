@@ -30,6 +30,7 @@ _F32 = torch.float32
 _FP8 = torch.float8_e4m3fn
 _empty = op_outputs.empty
 _dispatch_worst = None if _torch_ext is None else _torch_ext.dispatch_worst
+_combine_plain = None if _torch_ext is None else _torch_ext.combine_plain
 _CODES = op_outputs.CODES
 _BF16_CODE, _I32_CODE, _I64_CODE, _F32_CODE = op_outputs.BF16, op_outputs.I32, op_outputs.I64, op_outputs.F32
 
@@ -282,8 +283,21 @@ def _checked_biases(context: OpContext, op: str, bias, num_tokens: int, hidden: 
 def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor], bias, config,
             previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool):
     """Buffer.combine with its config resolved."""
+    index = context.device_index
+    if (_combine_plain is not None and bias is None and previous_event is None and not async_finish
+            and not allocate_on_comm_stream and type(handle) is _Handle
+            and getattr(handle, "_owner", None) is context.handle_owner):
+        # The common case in one native call, as dispatch's above.
+        stream = op_streams.current_raw_stream(index)
+        native = context.native
+        if context.tail == stream and not native.destroyed:
+            rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
+            out = _combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens,
+                                 recv_src_idx, is_token_in_rank, index, stream)
+            if out is not None:
+                return out[0], out[1], EventOverlap()
     op = "combine"
-    device, index = context.device, context.device_index
+    device = context.device
     if type(handle) is _Handle and getattr(handle, "_owner", None) is context.handle_owner:
         rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
     else:

@@ -1,12 +1,14 @@
-// The common intranode dispatch in one call: a fresh dispatch with
-// num_worst_tokens, BF16 rows or FP8 rows with their scales, top-k given,
-// every tensor plain (exactly torch.Tensor, contiguous, on the buffer's
-// device) and the caller's stream already the buffer's last. The checks are
-// the Python layer's fast-path checks (python/turnout/ops/intranode.py); a
-// call that fails one is declined (None) before anything is allocated or
-// queued, and the Python layer then takes it and names what is wrong. The
-// launch goes through _C's capsule (intranode_entry.hpp), so the arguments
-// are never Python objects in between.
+// The common intranode dispatch and combine, each in one call. Dispatch: a
+// fresh one with num_worst_tokens, BF16 rows or FP8 rows with their scales,
+// top-k given; combine: of this buffer's handle, BF16 rows, with or without
+// top-k weights, no bias. Either: every tensor plain (exactly torch.Tensor,
+// contiguous, on the buffer's device), no events, and the caller's stream
+// already the buffer's last (the Python layer's gate). The checks are the
+// Python layer's fast-path checks (python/turnout/ops/intranode.py); a call
+// that fails one is declined (None) before anything is allocated or queued,
+// and the Python layer then takes it and names what is wrong. The launch goes
+// through _C's capsule (intranode_entry.hpp), so the arguments are never
+// Python objects in between.
 #include <ATen/ATen.h>
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>
@@ -73,7 +75,7 @@ PyObject* set_intranode_entry(PyObject*, PyObject* capsule) {
   const auto* entry = static_cast<const IntranodeEntry*>(PyCapsule_GetPointer(capsule, bindings::kIntranodeEntryName));
   if (entry == nullptr) return nullptr;
   if (entry->entry_size != sizeof(IntranodeEntry) || entry->args_size != sizeof(DispatchArgs) ||
-      entry->counts_size != sizeof(DispatchCountsArgs)) {
+      entry->counts_size != sizeof(DispatchCountsArgs) || entry->combine_size != sizeof(CombineArgs)) {
     PyErr_SetString(PyExc_ImportError,
                     "turnout._torch_ext and turnout._C come from different builds: their intranode entries differ");
     return nullptr;
@@ -203,6 +205,84 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                         std::move(recv_src_idx),
                         std::move(prefix)};
   for (int i = 0; i < 7; ++i) {
+    PyObject* item = wrap(std::move(made[i]));
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i, item);
+  }
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+// combine_plain(native, config, x, topk_weights, rank_prefix_matrix,
+// source_num_tokens, recv_src_idx, is_token_in_rank, device_index, stream):
+// (combined_x, combined_topk_weights or None), or None where the call is not
+// one this path takes. The four handle tensors are this buffer's own handle's
+// (the Python layer has checked its owner); x and topk_weights get the Python
+// layer's fast-path checks.
+PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 10) {
+    PyErr_Format(PyExc_TypeError, "combine_plain: 10 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (g_entry == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "combine_plain: set_intranode_entry was not called");
+    return nullptr;
+  }
+  for (int i = 4; i < 8; ++i) {
+    if (!THPVariable_Check(args[i])) {
+      PyErr_Format(PyExc_TypeError, "combine_plain: handle tensor %d is a %s", i - 4, Py_TYPE(args[i])->tp_name);
+      return nullptr;
+    }
+  }
+  const long index = PyLong_AsLong(args[8]);
+  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[9]));
+  if (PyErr_Occurred()) return nullptr;
+  const at::Tensor& recv_src_idx = THPVariable_Unpack(args[6]);
+  const at::Tensor& in_rank = THPVariable_Unpack(args[7]);
+  const int64_t num_rows = recv_src_idx.size(0), num_tokens = in_rank.size(0);
+  const at::Tensor* x = plain(args[2], at::kBFloat16, 2, index);
+  if (x == nullptr || x->size(0) != num_rows || x->size(1) % 8 != 0 || !aligned16(*x) || num_rows > INT_MAX ||
+      num_tokens > INT_MAX || x->size(1) > INT_MAX)
+    Py_RETURN_NONE;
+  const at::Tensor* weights = nullptr;
+  if (args[3] != Py_None) {
+    weights = plain(args[3], at::kFloat, 2, index);
+    if (weights == nullptr || weights->size(0) != num_rows || weights->size(1) == 0) Py_RETURN_NONE;
+  }
+  const int64_t hidden = x->size(1), num_topk = weights != nullptr ? weights->size(1) : 0;
+
+  const at::TensorOptions on = at::TensorOptions().device(x->device());
+  at::Tensor combined_x = at::empty({num_tokens, hidden}, on.dtype(at::kBFloat16));
+  at::Tensor combined_weights;
+  if (weights != nullptr) combined_weights = at::empty({num_tokens, num_topk}, on.dtype(at::kFloat));
+
+  CombineArgs a;
+  a.x = x->data_ptr();
+  a.num_rows = static_cast<int>(num_rows);
+  a.hidden = static_cast<int>(hidden);
+  if (weights != nullptr) {
+    a.topk_weights = address<const float>(*weights);
+    a.num_topk = static_cast<int>(num_topk);
+    a.combined_topk_weights = address<float>(combined_weights);
+  }
+  a.rank_prefix_matrix = address<const int32_t>(THPVariable_Unpack(args[4]));
+  a.source_num_tokens = address<const int32_t>(THPVariable_Unpack(args[5]));
+  a.recv_src_idx = address<const int32_t>(recv_src_idx);
+  a.is_token_in_rank = address<const bool>(in_rank);
+  a.num_tokens = static_cast<int>(num_tokens);
+  a.combined_x = combined_x.data_ptr();
+
+  const int queued = g_entry->combine(args[0], args[1], &a, stream);
+  if (queued < 0) return nullptr;
+  if (queued > 0) Py_RETURN_NONE;
+  PyObject* out = PyTuple_New(2);
+  if (out == nullptr) return nullptr;
+  at::Tensor made[2] = {std::move(combined_x), std::move(combined_weights)};
+  for (int i = 0; i < 2; ++i) {
     PyObject* item = wrap(std::move(made[i]));
     if (item == nullptr) {
       Py_DECREF(out);
