@@ -16,7 +16,7 @@
 
 #include <climits>
 #include <cstdint>
-#include <utility>
+#include <initializer_list>
 
 #include "intranode_entry.hpp"
 #include "torch_ext.hpp"
@@ -64,9 +64,37 @@ T* address(const at::Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-PyObject* wrap(at::Tensor t) {
-  if (!t.defined()) Py_RETURN_NONE;
-  return THPVariable_Wrap(std::move(t));
+// The call has its argument count and the entry is set; else the Python error says which not.
+bool ready_to_call(const char* name, Py_ssize_t nargs, Py_ssize_t wanted) {
+  if (nargs != wanted) {
+    PyErr_Format(PyExc_TypeError, "%s: %zd arguments, got %zd", name, wanted, nargs);
+    return false;
+  }
+  if (g_entry == nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "%s: set_intranode_entry was not called", name);
+    return false;
+  }
+  return true;
+}
+
+// A tuple of the tensors as Python objects, None for an undefined one.
+PyObject* tuple_of(std::initializer_list<at::Tensor> tensors) {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
+  if (out == nullptr) return nullptr;
+  Py_ssize_t i = 0;
+  for (const at::Tensor& t : tensors) {
+    PyObject* item = Py_None;
+    if (t.defined())
+      item = THPVariable_Wrap(t);
+    else
+      Py_INCREF(item);
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i++, item);
+  }
+  return out;
 }
 
 }  // namespace
@@ -91,14 +119,7 @@ PyObject* set_intranode_entry(PyObject*, PyObject* capsule) {
 // path takes.
 PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 13) {
-    PyErr_Format(PyExc_TypeError, "dispatch_worst: 13 arguments, got %zd", nargs);
-    return nullptr;
-  }
-  if (g_entry == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "dispatch_worst: set_intranode_entry was not called");
-    return nullptr;
-  }
+  if (!ready_to_call("dispatch_worst", nargs, 13)) return nullptr;
   const long num_ranks = PyLong_AsLong(args[10]);
   const long index = PyLong_AsLong(args[11]);
   const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[12]));
@@ -195,24 +216,8 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const int queued = g_entry->dispatch_known_rows(args[0], args[1], &counts, &a, stream);
   if (queued < 0) return nullptr;
   if (queued > 0) Py_RETURN_NONE;
-  PyObject* out = PyTuple_New(7);
-  if (out == nullptr) return nullptr;
-  at::Tensor made[7] = {std::move(recv_x),
-                        std::move(recv_scales),
-                        std::move(recv_topk_idx),
-                        std::move(recv_topk_weights),
-                        std::move(source_num_tokens),
-                        std::move(recv_src_idx),
-                        std::move(prefix)};
-  for (int i = 0; i < 7; ++i) {
-    PyObject* item = wrap(std::move(made[i]));
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, i, item);
-  }
-  return out;
+  return tuple_of({std::move(recv_x), std::move(recv_scales), std::move(recv_topk_idx), std::move(recv_topk_weights),
+                   std::move(source_num_tokens), std::move(recv_src_idx), std::move(prefix)});
   END_HANDLE_TH_ERRORS
 }
 
@@ -224,14 +229,7 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // layer's fast-path checks.
 PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 10) {
-    PyErr_Format(PyExc_TypeError, "combine_plain: 10 arguments, got %zd", nargs);
-    return nullptr;
-  }
-  if (g_entry == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "combine_plain: set_intranode_entry was not called");
-    return nullptr;
-  }
+  if (!ready_to_call("combine_plain", nargs, 10)) return nullptr;
   for (int i = 4; i < 8; ++i) {
     if (!THPVariable_Check(args[i])) {
       PyErr_Format(PyExc_TypeError, "combine_plain: handle tensor %d is a %s", i - 4, Py_TYPE(args[i])->tp_name);
@@ -279,18 +277,7 @@ PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const int queued = g_entry->combine(args[0], args[1], &a, stream);
   if (queued < 0) return nullptr;
   if (queued > 0) Py_RETURN_NONE;
-  PyObject* out = PyTuple_New(2);
-  if (out == nullptr) return nullptr;
-  at::Tensor made[2] = {std::move(combined_x), std::move(combined_weights)};
-  for (int i = 0; i < 2; ++i) {
-    PyObject* item = wrap(std::move(made[i]));
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, i, item);
-  }
-  return out;
+  return tuple_of({std::move(combined_x), std::move(combined_weights)});
   END_HANDLE_TH_ERRORS
 }
 
