@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "intranode_entry.hpp"
 #include "torch_ext.hpp"
@@ -166,17 +167,28 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       num_experts > INT_MAX)
     Py_RETURN_NONE;
 
-  // The outputs, in the order the Python layer makes them, on the rows' device.
-  const at::TensorOptions on = at::TensorOptions().device(data->device());
+  // The outputs as the Python layer makes them (ops/intranode.py's
+  // _receive_outputs), on the rows' device: the rows and their scales each
+  // alone, the rest in one allocation.
   const int64_t rows = num_worst;
-  at::Tensor recv_x = at::empty({rows, hidden}, on.dtype(data->scalar_type()));
-  at::Tensor recv_scales;
-  if (scales != nullptr) recv_scales = at::empty({rows, scales->size(1)}, on.dtype(scales->scalar_type()));
-  at::Tensor recv_topk_idx = at::empty({rows, num_topk}, on.dtype(at::kLong));
-  at::Tensor recv_topk_weights = at::empty({rows, num_topk}, on.dtype(at::kFloat));
-  at::Tensor source_num_tokens = at::empty({num_ranks}, on.dtype(at::kInt));
-  at::Tensor recv_src_idx = at::empty({rows}, on.dtype(at::kInt));
-  at::Tensor prefix = at::empty({num_ranks, num_ranks}, on.dtype(at::kInt));
+  OutputSpec specs[7];
+  size_t count = 0;
+  specs[count++] = {data->scalar_type(), rows, hidden};
+  if (scales != nullptr) specs[count++] = {scales->scalar_type(), rows, scales->size(1)};
+  const size_t separate = count;
+  specs[count++] = {at::kLong, rows, num_topk};
+  specs[count++] = {at::kFloat, rows, num_topk};
+  specs[count++] = {at::kInt, num_ranks, -1};
+  specs[count++] = {at::kInt, rows, -1};
+  specs[count++] = {at::kInt, num_ranks, num_ranks};
+  std::vector<at::Tensor> made = make_outputs(at::TensorOptions().device(data->device()), specs, count, separate);
+  at::Tensor& recv_x = made[0];
+  at::Tensor recv_scales = scales != nullptr ? made[1] : at::Tensor();
+  at::Tensor& recv_topk_idx = made[separate];
+  at::Tensor& recv_topk_weights = made[separate + 1];
+  at::Tensor& source_num_tokens = made[separate + 2];
+  at::Tensor& recv_src_idx = made[separate + 3];
+  at::Tensor& prefix = made[separate + 4];
 
   DispatchArgs a;
   a.x = data->data_ptr();

@@ -15,6 +15,9 @@ PyCFunction function(F f) {
 PyMethodDef kMethods[] = {
     {"empty", function(te::empty), METH_FASTCALL,
      "empty(device, code, rows, cols, ...) -> tuple of new tensors (cols < 0: one dimension)"},
+    {"empty_packed", function(te::empty_packed), METH_FASTCALL,
+     "empty_packed(device, separate, code, rows, cols, ...) -> as empty, the tensors after the first `separate` "
+     "in one allocation"},
     {"set_intranode_entry", function(te::set_intranode_entry), METH_O,
      "set_intranode_entry(capsule): _C.Buffer.intranode_entry, before the first dispatch_worst"},
     {"dispatch_worst", function(te::dispatch_worst), METH_FASTCALL,

@@ -7,6 +7,9 @@
 #include <Python.h>
 
 #include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 namespace turnout::torch_ext {
 
@@ -15,8 +18,24 @@ inline constexpr std::array<at::ScalarType, 7> kTypes = {at::kBFloat16, at::kFlo
                                                          at::kLong,     at::kBool,          at::kByte};
 inline constexpr std::array<const char*, 7> kTypeNames = {"BF16", "FP8_E4M3", "F32", "I32", "I64", "BOOL", "U8"};
 
-// outputs.cpp: empty(device, code, rows, cols, ...) -> tuple of new tensors.
+// One output tensor: (rows, cols), or (rows,) where cols < 0.
+struct OutputSpec {
+  at::ScalarType type;
+  int64_t rows;
+  int64_t cols;
+};
+
+// outputs.cpp: new tensors on `on`'s device, as torch.empty allocates them
+// (on a CUDA device, on its current stream). The first `separate` specs each
+// get their own allocation; the others share one, each at a 128-byte boundary.
+std::vector<at::Tensor> make_outputs(const at::TensorOptions& on, const OutputSpec* specs, size_t count,
+                                     size_t separate);
+
+// empty(device, code, rows, cols, ...) -> tuple of new tensors, each its own
+// allocation; empty_packed(device, separate, code, rows, cols, ...): the
+// tensors after the first `separate` share one.
 PyObject* empty(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+PyObject* empty_packed(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 // intranode_ops.cpp: set_intranode_entry(capsule), once at import; then
 // dispatch_worst(...) and combine_plain(...) -> the outputs of an op they

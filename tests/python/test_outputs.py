@@ -58,6 +58,36 @@ def test_empty_makes_each_tensor_of_its_type_and_shape_on_the_cpu(make):
     assert not {t.data_ptr() for t in live} & {t.data_ptr() for t in again if t.numel()}
 
 
+def assert_packed(alone, packed):
+    """Each of ``alone`` has storage of its own; ``packed`` share one other
+    storage, each from a 128-byte boundary of it, none overlapping another."""
+    storages = [t.untyped_storage().data_ptr() for t in alone]
+    shared = {t.untyped_storage().data_ptr() for t in packed}
+    assert len(shared) == 1 and len(set(storages)) == len(storages) and not shared & set(storages)
+    base = packed[0].untyped_storage()
+    # (A tensor of no elements has no data pointer.)
+    spans = sorted((t.data_ptr() - base.data_ptr(), t.numel() * t.element_size()) for t in packed if t.numel())
+    for (start, size), (after, _) in zip(spans, spans[1:] + [(base.nbytes(), 0)]):
+        assert start % 128 == 0 and start + size <= after
+
+
+@pytest.mark.parametrize("separate", [0, 2, len(SPECS)])
+def test_empty_packed_shares_one_allocation_after_the_separate_ones(separate):
+    if not outputs.NATIVE:
+        pytest.skip("turnout._torch_ext is not in use here")
+    made = outputs.empty_packed(CPU, separate, *flat(SPECS))
+    python_made = outputs.empty_packed_from_python(CPU, separate, *flat(SPECS))
+    assert [(t.dtype, t.shape) for t in made] == [(t.dtype, t.shape) for t in python_made]
+    assert all(t.is_contiguous() and t.device == CPU for t in made)
+    if separate < len(SPECS):
+        assert_packed(made[:separate], made[separate:])
+    # Each tensor holds what is written to it after the others are written.
+    for i, t in enumerate(made):
+        t.view(torch.uint8).fill_(i + 1)
+    for i, t in enumerate(made):
+        assert bool((t.view(torch.uint8) == i + 1).all()), i
+
+
 def test_the_native_empty_names_what_is_wrong():
     if not outputs.NATIVE:
         pytest.skip("turnout._torch_ext is not in use here")
@@ -73,6 +103,14 @@ def test_the_native_empty_names_what_is_wrong():
         outputs.empty(CPU, outputs.U8, 1 << 62, 1 << 10)
     with pytest.raises(TypeError, match="device must be a torch.device"):
         outputs.empty(-1, outputs.I32, 4, -1)
+    with pytest.raises(ValueError, match="separate must be >= 0"):
+        outputs.empty_packed(CPU, -1, outputs.I32, 4, -1)
+    with pytest.raises(TypeError, match="empty_packed: wrong number of arguments"):
+        outputs.empty_packed(CPU, 0, outputs.I32, 4)
+    with pytest.raises(RuntimeError, match="fits 63 bits"):
+        outputs.empty_packed(CPU, 0, outputs.U8, 1 << 62, 1 << 10)
+    with pytest.raises(RuntimeError, match="over 63 bits"):
+        outputs.empty_packed(CPU, 0, outputs.U8, 1 << 62, -1, outputs.U8, 1 << 62, -1)
 
 
 def test_a_module_built_against_another_torch_or_turned_off_is_not_used(monkeypatch):
@@ -104,6 +142,7 @@ def test_dispatch_and_combine_return_the_tensors_they_hand_the_native_calls(devi
     if make == "python":
         from turnout.ops import intranode
         monkeypatch.setattr(intranode, "_empty", outputs.empty_from_python)
+        monkeypatch.setattr(intranode, "_empty_packed", outputs.empty_packed_from_python)
     buf = buffer_on(device_index)
     inputs = Inputs(buf)
     R, T, H = 4, inputs.x.shape[0], inputs.x.shape[1]
@@ -127,6 +166,10 @@ def test_dispatch_and_combine_return_the_tensors_they_hand_the_native_calls(devi
         given = call_pointers(buf, "dispatch_known_rows" if worst else "dispatch")
         assert {t.data_ptr() for t in made} <= given
         assert len({t.data_ptr() for t in made}) == len(made)
+        if make == "native":  # (without num_worst_tokens the prefix sums come before the counts)
+            alone, packed = [data] + ([recv_x[1]] if fp8 else []), [recv_idx, recv_weights, source_tokens, src_idx]
+            (packed if worst else alone).append(rank_prefix)
+            assert_packed(alone, packed)
         cached_x, *_ = buf.dispatch(x=x, handle=handle)
         cached = cached_x[0] if fp8 else cached_x
         assert tuple(cached.shape) == (rows, H) and cached.dtype == data.dtype

@@ -9,6 +9,7 @@ ops take these paths only where they may."""
 import pytest
 import torch
 from test_normal_checks import FAST, Inputs, buffer_on, caller_stream  # noqa: F401 (autouse: stand-in streams)
+from test_outputs import assert_packed
 
 from intranode_entry_mirror import Entry, Recorder, capsule, install, sizes
 from turnout import _C, torch_ext
@@ -104,6 +105,8 @@ def test_the_common_call_hands_the_entry_what_it_returns(recorder, fp8):
     assert outs["recv_topk_weights"] == recv_topk_weights.data_ptr()
     assert outs["recv_src_idx"] == recv_src_idx.data_ptr()
     assert outs["source_num_tokens"] == source_num_tokens.data_ptr()
+    assert_packed([recv_x] + ([recv_scales] if fp8 else []),
+                  [recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix])
 
 
 def not_contiguous(t):

@@ -29,6 +29,7 @@ _I32 = torch.int32
 _F32 = torch.float32
 _FP8 = torch.float8_e4m3fn
 _empty = op_outputs.empty
+_empty_packed = op_outputs.empty_packed
 _dispatch_worst = None if _torch_ext is None else _torch_ext.dispatch_worst
 _combine_plain = None if _torch_ext is None else _torch_ext.combine_plain
 _CODES = op_outputs.CODES
@@ -89,7 +90,8 @@ def _receive_outputs(device: torch.device, data, scales, num_recv: int, hidden: 
     """A fresh dispatch's outputs in one call: ``(recv_x, recv_scales,
     recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx,
     rank_prefix_matrix)``, None where the call has no such output (and for
-    rank_prefix_matrix where ``prefix`` is false)."""
+    rank_prefix_matrix where ``prefix`` is false). The rows and scales are
+    each an allocation of their own, the rest share one."""
     spec = (_CODES[data.dtype], num_recv, hidden)
     if scales is not None:
         spec += (_CODES[scales.dtype], num_recv, num_scales)
@@ -98,7 +100,8 @@ def _receive_outputs(device: torch.device, data, scales, num_recv: int, hidden: 
     spec += (_I32_CODE, num_ranks, -1, _I32_CODE, num_recv, -1)
     if prefix:
         spec += (_I32_CODE, num_ranks, num_ranks)
-    out = _empty(device, *spec)
+    # The rows (and scales) alone, the small outputs in one allocation.
+    out = _empty_packed(device, 1 if scales is None else 2, *spec)
     i = 1
     recv_scales = recv_topk_idx = recv_topk_weights = None
     if scales is not None:
