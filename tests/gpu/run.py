@@ -38,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 TAG = "@@turnout-test@@ "
 DEFAULT_TIMEOUT_S = 180.0
 MIN_DEFAULT_RANKS = 4
+# How long workers that ran every test get to leave on their own (their last
+# barrier, destroy_process_group, CUDA's teardown) before they are killed.
+EXIT_WAIT_S = 60.0
 PARENT_ENV = "TURNOUT_TEST_RUNNER_PID"  # the run's pid, for a worker's die_with_parent
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Signals that end the run through SystemExit, so its cleanup runs: SIGTERM
@@ -190,6 +193,16 @@ def pump(rank: int, proc, events) -> None:
     events.put((rank, {"event": "exit", "code": proc.wait()}))
 
 
+def wait_for_exit(procs, limit_s: float) -> None:
+    """Waits up to ``limit_s`` in all for the workers to exit."""
+    deadline = time.time() + limit_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            return
+
+
 def kill(procs) -> None:
     for p in procs:
         if p.poll() is None:
@@ -291,6 +304,11 @@ def run_tests(tests, world_size: int, placement):
                 # Ranks of a failed test may still sit in its collectives: start afresh.
                 restart = restart or bool(errors)
         finally:
+            # After the last test the workers leave through a barrier and
+            # destroy_process_group: killing the first ones out while the
+            # others are still in there resets those others' connections.
+            if index >= len(tests) and not restart:
+                wait_for_exit(procs, EXIT_WAIT_S)
             kill(procs)
 
 

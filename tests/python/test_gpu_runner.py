@@ -87,6 +87,39 @@ def test_a_test_whose_ranks_checked_nothing_fails(monkeypatch, checks, status):
     assert got == status, message
 
 
+def run_with_workers(monkeypatch, reports, argv):
+    """run_tests over TESTS[:1] with two ranks, each worker a process of ``argv``; the workers."""
+    workers = []
+
+    def launch(world_size, tests_arg, start_index, placement):
+        workers.extend(run.start_worker(argv) for _ in range(world_size))
+        events = queue.Queue()
+        for item in reports:
+            events.put(item)
+        return workers, events
+
+    monkeypatch.setattr(run, "launch", launch)
+    got = [status for _, status, _, _ in run.run_tests(TESTS[:1], 2, Placement())]
+    return got, workers
+
+
+@linux_only
+def test_workers_that_ran_every_test_leave_on_their_own(monkeypatch):
+    # Killing them at once would cut their last barrier and teardown short.
+    reports = [start(0, 0), start(1, 0), end(0, 0), end(1, 0)]
+    got, workers = run_with_workers(monkeypatch, reports, ["sleep", "0.5"])
+    assert got == ["PASS"] and [w.returncode for w in workers] == [0, 0]
+
+
+@linux_only
+def test_workers_of_a_failed_run_are_killed_at_once(monkeypatch):
+    reports = [start(0, 0), start(1, 0), end(0, 0), end(1, 0, ok=False, error="boom")]
+    started = time.monotonic()
+    got, workers = run_with_workers(monkeypatch, reports, ["sleep", "60"])
+    assert got == ["FAIL"] and [w.returncode for w in workers] == [-signal.SIGKILL] * 2
+    assert time.monotonic() - started < WAIT_S
+
+
 # The run's process, as far as its workers see it: it starts one worker the
 # way run.py does, says the worker's pid, and waits to be killed.
 PARENT = """
