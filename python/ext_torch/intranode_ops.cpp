@@ -16,7 +16,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "intranode_entry.hpp"
@@ -76,26 +75,6 @@ bool ready_to_call(const char* name, Py_ssize_t nargs, Py_ssize_t wanted) {
     return false;
   }
   return true;
-}
-
-// A tuple of the tensors as Python objects, None for an undefined one.
-PyObject* tuple_of(std::initializer_list<at::Tensor> tensors) {
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
-  if (out == nullptr) return nullptr;
-  Py_ssize_t i = 0;
-  for (const at::Tensor& t : tensors) {
-    PyObject* item = Py_None;
-    if (t.defined())
-      item = THPVariable_Wrap(t);
-    else
-      Py_INCREF(item);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, i++, item);
-  }
-  return out;
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ constexpr int64_t kPackAlign = 128;
 
 int64_t packed_bytes(const OutputSpec& s) {
   int64_t bytes = 0;
-  const bool overflow = s.cols < -1 || __builtin_mul_overflow(s.rows, s.cols < 0 ? 1 : s.cols, &bytes) ||
+  const bool overflow = __builtin_mul_overflow(s.rows, s.cols < 0 ? 1 : s.cols, &bytes) ||
                         __builtin_mul_overflow(bytes, static_cast<int64_t>(c10::elementSize(s.type)), &bytes) ||
                         __builtin_add_overflow(bytes, kPackAlign - 1, &bytes);
   TORCH_CHECK(!overflow, "a packed output of ", s.rows, " x ", s.cols, " ", s.type, " has no size that fits 63 bits");
@@ -75,11 +75,17 @@ bool parse_specs(const char* name, PyObject* const* args, Py_ssize_t nargs, Py_s
   return true;
 }
 
+}  // namespace
+
 PyObject* tuple_of(std::vector<at::Tensor>&& tensors) {
   PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
   if (out == nullptr) return nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    PyObject* item = THPVariable_Wrap(std::move(tensors[i]));
+    PyObject* item = Py_None;
+    if (tensors[i].defined())
+      item = THPVariable_Wrap(std::move(tensors[i]));
+    else
+      Py_INCREF(item);
     if (item == nullptr) {
       Py_DECREF(out);
       return nullptr;
@@ -88,8 +94,6 @@ PyObject* tuple_of(std::vector<at::Tensor>&& tensors) {
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<at::Tensor> make_outputs(const at::TensorOptions& on, const OutputSpec* specs, size_t count,
                                      size_t separate) {

@@ -31,6 +31,9 @@ struct OutputSpec {
 std::vector<at::Tensor> make_outputs(const at::TensorOptions& on, const OutputSpec* specs, size_t count,
                                      size_t separate);
 
+// A tuple of the tensors as Python objects, None for an undefined one.
+PyObject* tuple_of(std::vector<at::Tensor>&& tensors);
+
 // empty(device, code, rows, cols, ...) -> tuple of new tensors, each its own
 // allocation; empty_packed(device, separate, code, rows, cols, ...): the
 // tensors after the first `separate` share one.
