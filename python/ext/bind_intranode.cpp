@@ -158,15 +158,14 @@ void combine(Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_we
 }
 
 // The capsule's functions (intranode_entry.hpp): dispatch_known_rows and
-// combine above, with the arguments already in their structs.
-int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* a,
-                              uintptr_t s) {
+// combine above, with the arguments already in their structs. `op(buffer,
+// config)` runs where `native` and `config` are of _C's types (else 1); a C++
+// exception becomes the Python error (-1).
+template <typename Op>
+int run_entry(PyObject* native, PyObject* config, Op op) {
   if (!nb::isinstance<Buffer>(nb::handle(native)) || !nb::isinstance<Config>(nb::handle(config))) return 1;
   try {
-    const Config& c = *nb::inst_ptr<Config>(nb::handle(config));
-    set_channels(*counts, c);
-    set_channels(*a, c);
-    nb::inst_ptr<Buffer>(nb::handle(native))->dispatch_known_rows(*counts, *a, stream(s));
+    op(*nb::inst_ptr<Buffer>(nb::handle(native)), *nb::inst_ptr<Config>(nb::handle(config)));
     return 0;
   } catch (...) {
     set_python_error(std::current_exception());
@@ -174,16 +173,20 @@ int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCounts
   }
 }
 
+int entry_dispatch_known_rows(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* a,
+                              uintptr_t s) {
+  return run_entry(native, config, [&](Buffer& b, const Config& c) {
+    set_channels(*counts, c);
+    set_channels(*a, c);
+    b.dispatch_known_rows(*counts, *a, stream(s));
+  });
+}
+
 int entry_combine(PyObject* native, PyObject* config, CombineArgs* a, uintptr_t s) {
-  if (!nb::isinstance<Buffer>(nb::handle(native)) || !nb::isinstance<Config>(nb::handle(config))) return 1;
-  try {
-    set_channels(*a, *nb::inst_ptr<Config>(nb::handle(config)));
-    nb::inst_ptr<Buffer>(nb::handle(native))->combine(*a, stream(s));
-    return 0;
-  } catch (...) {
-    set_python_error(std::current_exception());
-    return -1;
-  }
+  return run_entry(native, config, [&](Buffer& b, const Config& c) {
+    set_channels(*a, c);
+    b.combine(*a, stream(s));
+  });
 }
 
 const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs),      sizeof(DispatchCountsArgs),
