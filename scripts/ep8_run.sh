@@ -64,11 +64,12 @@ bench() {  # name, environment..., then -- and the bench's arguments
 }
 
 if [ "$part" = bench ] || [ "$part" = all ]; then
-  bench one-host -- ceiling layout intranode low_latency
+  # Each rank on its GPU's CPUs, as the EP4 figures were taken.
+  bench one-host -- ceiling layout intranode low_latency --bind-cpus
   emulated=(NVSHMEM_REMOTE_TRANSPORT=none)
   has_internode=$(python3 -m turnout.bench --help 2>/dev/null | grep -c "internode")
   for domain in 4 2; do
-    bench "low-latency-domains-of-$domain" "${emulated[@]}" TURNOUT_NVL_DOMAIN_SIZE=$domain -- low_latency
+    bench "low-latency-domains-of-$domain" "${emulated[@]}" TURNOUT_NVL_DOMAIN_SIZE=$domain -- low_latency --bind-cpus
     [ "$has_internode" -gt 0 ] &&
       bench "internode-domains-of-$domain" "${emulated[@]}" TURNOUT_NVL_DOMAIN_SIZE=$domain -- internode
   done
