@@ -287,23 +287,23 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
             previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool):
     """Buffer.combine with its config resolved."""
     index = context.device_index
-    if (_combine_plain is not None and bias is None and previous_event is None and not async_finish
-            and not allocate_on_comm_stream and type(handle) is _Handle
-            and getattr(handle, "_owner", None) is context.handle_owner):
-        # The common case in one native call, as dispatch's above.
-        stream = op_streams.current_raw_stream(index)
-        native = context.native
-        if context.tail == stream and not native.destroyed:
-            rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
-            out = _combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens,
-                                 recv_src_idx, is_token_in_rank, index, stream)
-            if out is not None:
-                return out[0], out[1], EventOverlap()
+    # This buffer's own handle needs no check.
+    own = type(handle) is _Handle and getattr(handle, "_owner", None) is context.handle_owner
+    if own:
+        rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
+        if (_combine_plain is not None and bias is None and previous_event is None and not async_finish
+                and not allocate_on_comm_stream):
+            # The common case in one native call, as dispatch's above.
+            stream = op_streams.current_raw_stream(index)
+            native = context.native
+            if context.tail == stream and not native.destroyed:
+                out = _combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens,
+                                     recv_src_idx, is_token_in_rank, index, stream)
+                if out is not None:
+                    return out[0], out[1], EventOverlap()
     op = "combine"
     device = context.device
-    if type(handle) is _Handle and getattr(handle, "_owner", None) is context.handle_owner:
-        rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
-    else:
+    if not own:
         rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank = check_handle(context, op, handle)
     num_rows = recv_src_idx.shape[0]
     num_tokens = is_token_in_rank.shape[0]
