@@ -106,10 +106,11 @@ BufferClass bind_buffer(nb::module_& m) {
           "check_errors", [](Buffer& b, const std::string& op) { b.check_errors(op.c_str()); }, "op"_a)
       .def(
           "store_to_peers",
-          [](Buffer& b, uintptr_t src, size_t bytes, size_t dst_offset, bool include_self, int num_sms, uintptr_t s) {
-            b.store_to_peers(ptr<const void>(src), bytes, dst_offset, include_self, num_sms, stream(s));
+          [](Buffer& b, uintptr_t src, size_t bytes, size_t dst_offset, bool include_self, int num_sms, uintptr_t s,
+             bool bulk) {
+            b.store_to_peers(ptr<const void>(src), bytes, dst_offset, include_self, num_sms, stream(s), bulk);
           },
-          "src"_a, "bytes"_a, "dst_offset"_a, "include_self"_a, "num_sms"_a, "stream"_a)
+          "src"_a, "bytes"_a, "dst_offset"_a, "include_self"_a, "num_sms"_a, "stream"_a, "bulk"_a = false)
       .def(
           "load_from_peers",
           [](Buffer& b, uintptr_t dst, size_t bytes, size_t src_offset, int num_sms, uintptr_t s) {

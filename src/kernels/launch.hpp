@@ -32,6 +32,9 @@ void launch_set_mask(int32_t* word, int32_t value, cudaStream_t stream);
 // `peers`: device table of NVL peers' user buffers.
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                            size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);
+// The same with bulk copies through shared memory (sm_90).
+void launch_store_to_peers_bulk(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
+                                size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);
 void launch_load_from_peers(void* const* peers, int num_nvl_ranks, void* dst, size_t bytes, size_t src_offset,
                             int num_sms, cudaStream_t stream);
 

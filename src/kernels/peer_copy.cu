@@ -1,7 +1,8 @@
-// Plain 16-byte SM copies to and from peers' buffers over NVLink: the peer
-// memory test and the bench's NVLink ceiling.
+// Copies to and from peers' buffers over NVLink, plain 16-byte SM stores and
+// loads or bulk copies: the peer memory test and the bench's NVLink ceiling.
 #include <cuda_runtime.h>
 
+#include "kernels/device/bulk_copy.cuh"
 #include "kernels/launch.hpp"
 #include "turnout/error.hpp"
 
@@ -26,6 +27,52 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same stores as bulk copies: thread 0 of each block stages the block's
+// chunks (chunk c, c + gridDim.x, ...) in shared memory and sends each chunk
+// to every peer, kBulkStages chunks in flight.
+constexpr uint32_t kBulkChunk = 32 * 1024;
+constexpr int kBulkStages = 4;
+constexpr int kBulkSharedBytes = kBulkStages * kBulkChunk;
+
+__global__ void __launch_bounds__(32)
+    store_to_peers_bulk_kernel(void* const* peers, int nvl_rank, int num_nvl_ranks, const char* src, size_t bytes,
+                               size_t dst_offset, bool include_self) {
+  extern __shared__ __align__(128) char stage[];
+  __shared__ __align__(8) uint64_t loaded[kBulkStages];
+  if (threadIdx.x != 0) return;
+  const size_t num_chunks = (bytes + kBulkChunk - 1) / kBulkChunk;
+  const size_t first = blockIdx.x, step = gridDim.x;
+  const int n = first < num_chunks ? static_cast<int>((num_chunks - first + step - 1) / step) : 0;
+  for (int s = 0; s < kBulkStages; ++s) device::mbarrier_init(&loaded[s], 1);
+  const size_t dst_base = dst_offset + nvl_rank * bytes;
+  auto chunk_at = [&](int i) { return (first + i * step) * kBulkChunk; };
+  auto chunk_bytes = [&](int i) {
+    return static_cast<uint32_t>(min(static_cast<size_t>(kBulkChunk), bytes - chunk_at(i)));
+  };
+  auto load = [&](int i) {
+    const int s = i % kBulkStages;
+    device::mbarrier_expect_bytes(&loaded[s], chunk_bytes(i));
+    device::bulk_load(stage + s * kBulkChunk, src + chunk_at(i), chunk_bytes(i), &loaded[s]);
+  };
+  for (int i = 0; i < n && i < kBulkStages - 1; ++i) load(i);
+  for (int i = 0; i < n; ++i) {
+    const int s = i % kBulkStages;
+    device::mbarrier_wait(&loaded[s], (i / kBulkStages) & 1);
+    for (int k = 1; k <= num_nvl_ranks; ++k) {
+      const int p = (nvl_rank + k) % num_nvl_ranks;
+      if (p == nvl_rank && !include_self) continue;
+      device::bulk_store(static_cast<char*>(peers[p]) + dst_base + chunk_at(i), stage + s * kBulkChunk, chunk_bytes(i));
+    }
+    device::bulk_commit();
+    // The refill's stage last held chunk i - 1, whose group must be done reading it.
+    if (i + kBulkStages - 1 < n) {
+      device::bulk_wait_read<1>();
+      load(i + kBulkStages - 1);
+    }
+  }
+  device::bulk_wait_all();
+}
+
 __global__ void __launch_bounds__(kThreads)
     load_from_peers_kernel(void* const* peers, int num_nvl_ranks, int4* dst, size_t n16, size_t src_offset) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
@@ -43,6 +90,16 @@ void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, 
   if (bytes == 0) return;
   store_to_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
                                                           bytes / sizeof(int4), dst_offset, include_self);
+  TURNOUT_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_store_to_peers_bulk(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
+                                size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream) {
+  if (bytes == 0) return;
+  TURNOUT_CUDA_CHECK(
+      cudaFuncSetAttribute(store_to_peers_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSharedBytes));
+  store_to_peers_bulk_kernel<<<num_sms, 32, kBulkSharedBytes, stream>>>(
+      peers, nvl_rank, num_nvl_ranks, static_cast<const char*>(src), bytes, dst_offset, include_self);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

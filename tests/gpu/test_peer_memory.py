@@ -1,5 +1,5 @@
-"""Peer-mapped NVL memory: SM stores into every peer and SM loads from every
-peer land where they should, for every pair of ranks."""
+"""Peer-mapped NVL memory: SM stores and bulk copies into every peer, and SM
+loads from every peer, land where they should, for every pair of ranks."""
 import torch
 
 from harness import assert_equal, generator
@@ -21,12 +21,17 @@ def test_store_to_and_load_from_every_peer(ctx):
         with ctx.buffer(g, num_nvl_bytes=n * B) as buf:
             stream = torch.cuda.current_stream().cuda_stream
             src = srcs[ctx.rank].to(ctx.device)
-            # Each rank writes its bytes into slot `rank` of every buffer, its own included.
-            buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream)
-            buf._barrier()
             local = buf.get_local_buffer_tensor(torch.uint8)[:n * B].view(n, B)
-            for p in range(n):
-                assert_equal(local[p], srcs[p], f"n={n}: slot {p} of rank {ctx.rank}'s buffer (stored by rank {p})")
+            for bulk in (False, True):
+                local.fill_(0xA5)  # what the other way stored must not pass for this one's
+                buf._barrier()
+                # Each rank writes its bytes into slot `rank` of every buffer, its own included.
+                buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream, bulk)
+                buf._barrier()
+                how = "bulk copies" if bulk else "SM stores"
+                for p in range(n):
+                    assert_equal(local[p], srcs[p],
+                                 f"n={n}, {how}: slot {p} of rank {ctx.rank}'s buffer (stored by rank {p})")
 
             # Slot p read from every peer q must hold rank p's bytes.
             dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)

@@ -1,6 +1,8 @@
-"""ceiling: every rank stores to every peer at once with a plain SM kernel. The
-NVLink figure every later result is compared with; where ranks share a GPU,
-the local copy (HBM) ceiling of that GPU instead."""
+"""ceiling: every rank stores to every peer at once, with a plain SM kernel
+(16-byte stores) and with bulk copies through shared memory (one thread a
+block issuing cp.async.bulk). The NVLink figure every later result is compared
+with; where ranks share a GPU, the local copy (HBM) ceiling of that GPU
+instead."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -13,10 +15,13 @@ from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
 from .timing import merge_ranks, time_each
 
-TITLE = (f"ceiling: all GPUs store to all peers at once (SM kernel, 16 B stores), wire bytes per GPU; "
+TITLE = (f"ceiling: all GPUs store to all peers at once (SM stores of 16 B, or bulk copies), wire bytes per GPU; "
          f"NVLink raw {NVLINK_RAW_GBPS:.0f} GB/s")
 
+METHODS = ("sm stores", "bulk copies")
+
 COLUMNS = [
+    column("copy", "method"),
     column("SMs", "num_sms"),
     column("MiB/GPU", "bytes_per_gpu", "{:.0f}", scale=2**20),
     column("time us", "time_us", "{:.1f}"),
@@ -43,18 +48,20 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     bytes_per_gpu = (native.num_nvl_ranks - 1) * bytes_per_peer
-    progress = Progress(len(sm_counts), "ceiling", enabled=rank == 0)
+    progress = Progress(len(METHODS) * len(sm_counts), "ceiling", enabled=rank == 0)
     rows = []
-    for num_sms in sm_counts:
-        progress.step(f"{num_sms} SMs")
-        times = time_each(
-            lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream),
-            iters, warmup,
-            # Outside the timed region: every GPU leaves the barrier together, so
-            # each one's stores meet its peers' stores on the links.
-            before=lambda: native.barrier(stream))
-        rows.append({"bench": "ceiling", "num_sms": num_sms, "bytes_per_gpu": bytes_per_gpu,
-                     "time_us": statistics.median(times), "ranks_on_gpu": native.ranks_on_gpu})
+    for method in METHODS:
+        bulk = method == "bulk copies"
+        for num_sms in sm_counts:
+            progress.step(f"{method}, {num_sms} SMs")
+            times = time_each(
+                lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream, bulk),
+                iters, warmup,
+                # Outside the timed region: every GPU leaves the barrier together, so
+                # each one's stores meet its peers' stores on the links.
+                before=lambda: native.barrier(stream))
+            rows.append({"bench": "ceiling", "method": method, "num_sms": num_sms, "bytes_per_gpu": bytes_per_gpu,
+                         "time_us": statistics.median(times), "ranks_on_gpu": native.ranks_on_gpu})
     progress.close()
     return rows
 
@@ -79,8 +86,17 @@ def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
 
 
 def plot_series(rows: List[Dict]) -> Dict:
-    if rows and rows[0].get("ranks_share_gpus"):
-        return {"x": [r["num_sms"] for r in rows], "y": [r["gbps_gpu"] for r in rows], "xlabel": "SMs per rank",
+    """One line per copy method over the SM counts."""
+    shared = bool(rows) and rows[0].get("ranks_share_gpus")
+    key = "gbps_gpu" if shared else "gbps"
+    series = []
+    for method in METHODS:
+        mine = [r for r in rows if r.get("method", METHODS[0]) == method]
+        if mine:
+            series.append((method, [r["num_sms"] for r in mine], [r[key] for r in mine]))
+    ticks = sorted({r["num_sms"] for r in rows})
+    if shared:
+        return {"x": ticks, "series": series, "xlabel": "SMs per rank",
                 "ylabel": "GB/s per GPU, ranks sharing it (local copy)"}
-    return {"x": [r["num_sms"] for r in rows], "y": [r["gbps"] for r in rows], "xlabel": "SMs per GPU",
-            "ylabel": "GB/s per GPU (wire)", "ref": (NVLINK_RAW_GBPS, "NVLink raw")}
+    return {"x": ticks, "series": series, "xlabel": "SMs per GPU", "ylabel": "GB/s per GPU (wire)",
+            "ref": (NVLINK_RAW_GBPS, "NVLink raw")}
