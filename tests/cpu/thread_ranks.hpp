@@ -1,9 +1,11 @@
 // Shared by the bootstrap and fd-passing tests: ranks as threads of one
-// process, and what each of them threw.
+// process, what each of them threw, and the signals that interrupt their waits.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -55,6 +57,22 @@ std::string message_of(const std::exception_ptr& error, int rank) {
     ADD_FAILURE() << "rank " << rank << " threw the wrong type: " << e.what();
   }
   return "";
+}
+
+// SIGUSR1s the handler of the signal tests has taken (it counts them).
+inline std::atomic<int> signals_handled{0};
+
+inline void count_signal(int) {
+  ++signals_handled;
+}
+
+// Until `count` signals have been handled, or `limit` has passed (then the
+// test's count check fails): counted rather than timed, since a loaded host
+// oversleeps.
+inline void wait_for_signals(int count, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (signals_handled < count && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 }  // namespace turnout::thread_ranks
