@@ -3,7 +3,9 @@ docs/PERFORMANCE.md describes them: 4096 tokens per rank, hidden 7168, top-8 of 
 experts, uniform load; each call timed alone with CUDA events after an L2
 flush; median of 50 after 50 warm-ups. Bandwidth is the logical figure:
 bytes this rank receives (its own tokens included) over the call's time.
-Then sweeps over tokens and SMs, and the host time of one call."""
+Then sweeps over tokens, SMs and the config's send chunk (with the best chunk
+of each op, as DeepEP's own test reports its figures), and the host time of
+one call."""
 import statistics
 import time
 from typing import Dict, List, Optional
@@ -27,6 +29,7 @@ COLUMNS = [
     column("tokens", "tokens"),
     column("SMs", "num_sms"),
     column("SMs used", "sms_used"),
+    column("chunk", "chunk"),
     column("time us", "time_us", "{:.1f}"),
     column("GB/s", "gbps", "{:.1f}"),
     range_column("GB/s over ranks", "gbps"),
@@ -39,13 +42,18 @@ HIDDEN, NUM_EXPERTS, NUM_TOPK = 7168, 256, 8
 MAIN_TOKENS, MAIN_SMS = 4096, 24
 SWEEP_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 SWEEP_SMS = (8, 12, 16, 20, 24, 32)
+# The config's send chunk (num_max_nvl_chunked_send_tokens): the bench's own,
+# and the sweep's at 4096 tokens with 24 and 12 SMs.
+CHUNK = 8
+SWEEP_CHUNKS = (4, 8, 12, 16, 24, 32)
+CHUNK_SMS = (MAIN_SMS, 12)
 FLUSH_BYTES = 256 << 20
 OPS = ("dispatch bf16", "dispatch fp8", "combine bf16")
 BURST = 5  # host-time calls issued back to back
 
 
-def config_for(num_sms: int) -> Config:
-    return Config(num_sms, 8, 256)
+def config_for(num_sms: int, chunk: int = CHUNK) -> Config:
+    return Config(num_sms, chunk, 256)
 
 
 def inputs(num_tokens: int, hidden: int = HIDDEN, num_experts: int = NUM_EXPERTS, num_topk: int = NUM_TOPK):
@@ -59,10 +67,11 @@ def inputs(num_tokens: int, hidden: int = HIDDEN, num_experts: int = NUM_EXPERTS
     return topk_idx, topk_weights, x, x_fp8
 
 
-def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, warmup: int, flush) -> List[Dict]:
+def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, warmup: int, flush,
+                  chunk: int = CHUNK) -> List[Dict]:
     topk_idx, topk_weights, x, x_fp8 = inputs(num_tokens)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
-    config = config_for(num_sms)
+    config = config_for(num_sms, chunk)
     layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx, topk_weights=topk_weights, config=config)
     out = buffer.dispatch(x, **layout)
@@ -78,7 +87,7 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
         fn, num_bytes = calls[op]
         t = statistics.median(time_each(fn, iters, warmup, before=flush.zero_))
         rows.append({"bench": "intranode", "op": op, "tokens": num_tokens, "num_sms": num_sms,
-                     "sms_used": min(num_sms, buffer._native.sm_budget), "time_us": t,
+                     "sms_used": min(num_sms, buffer._native.sm_budget), "chunk": chunk, "time_us": t,
                      "recv_tokens": num_recv, "gbps": num_bytes / (t * 1e-6) / 1e9})
     return rows
 
@@ -154,25 +163,41 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     torch.manual_seed(rank)
     sweep_tokens = (1024, 4096) if quick else SWEEP_TOKENS
     sweep_sms = (12, 24) if quick else SWEEP_SMS
-    points = [(MAIN_TOKENS, MAIN_SMS), (MAIN_TOKENS, 12)]
-    points += [(t, MAIN_SMS) for t in sweep_tokens if (t, MAIN_SMS) not in points]
-    points += [(MAIN_TOKENS, s) for s in sweep_sms if (MAIN_TOKENS, s) not in points]
-    num_nvl_bytes = config_for(max(s for _, s in points)).get_nvl_buffer_size_hint(HIDDEN * 2, world_size)
+    sweep_chunks = (4, 16) if quick else SWEEP_CHUNKS
+    points = [(MAIN_TOKENS, MAIN_SMS, CHUNK), (MAIN_TOKENS, 12, CHUNK)]
+    points += [(t, MAIN_SMS, CHUNK) for t in sweep_tokens if (t, MAIN_SMS, CHUNK) not in points]
+    points += [(MAIN_TOKENS, s, CHUNK) for s in sweep_sms if (MAIN_TOKENS, s, CHUNK) not in points]
+    points += [(MAIN_TOKENS, s, c) for s in CHUNK_SMS for c in sweep_chunks if (MAIN_TOKENS, s, c) not in points]
+    num_nvl_bytes = config_for(max(s for _, s, _ in points)).get_nvl_buffer_size_hint(HIDDEN * 2, world_size)
     buffer = Buffer(dist.group.WORLD, num_nvl_bytes=num_nvl_bytes)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     progress = Progress(len(points) + 1, "intranode", enabled=rank == 0)
     rows = []
-    for num_tokens, num_sms in points:
-        progress.step(f"{num_tokens} tokens, {num_sms} SMs")
-        rows += measure_point(buffer, num_tokens, num_sms, iters, warmup, flush)
+    for num_tokens, num_sms, chunk in points:
+        progress.step(f"{num_tokens} tokens, {num_sms} SMs, chunk {chunk}")
+        rows += measure_point(buffer, num_tokens, num_sms, iters, warmup, flush, chunk)
     progress.step("host time")
     rows += host_times(buffer, 20 if quick else 200)
     progress.close()
     return rows
 
 
+def best_chunks(rows: List[Dict]) -> List[Dict]:
+    """For each op and SM count of the chunk sweep, a copy of its fastest
+    row at 4096 tokens (median over ranks) named "<op>, best chunk"."""
+    best = []
+    for num_sms in CHUNK_SMS:
+        for op in OPS:
+            swept = [r for r in rows if r["op"] == op and r["tokens"] == MAIN_TOKENS and r["num_sms"] == num_sms
+                     and r.get("gbps") is not None]
+            if swept:
+                best.append(dict(max(swept, key=lambda r: r["gbps"]), op=f"{op}, best chunk"))
+    return best
+
+
 def merge(per_rank: List[List[Dict]], shared: bool) -> List[Dict]:
     merged = merge_ranks(per_rank, "gbps", "time_us", "host_us", "host_us_after_sync")
+    merged += best_chunks(merged)
     for row in merged:
         # Where ranks share a GPU no byte crosses NVLink.
         if row.get("gbps") is not None and not shared:
@@ -189,8 +214,8 @@ def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
 def plot_series(rows: List[Dict]) -> Dict:
     series = []
     for op in OPS:
-        pts = sorted((r["tokens"], r["gbps"]) for r in rows
-                     if r["op"] == op and r["num_sms"] == MAIN_SMS and r.get("gbps") is not None)
+        pts = sorted((r["tokens"], r["gbps"]) for r in rows if r["op"] == op and r["num_sms"] == MAIN_SMS
+                     and r.get("chunk") == CHUNK and r.get("gbps") is not None)
         series.append((f"{op}, {MAIN_SMS} SMs", [p[0] for p in pts], [p[1] for p in pts]))
     if rows and rows[0].get("ranks_share_gpus"):
         return {"series": series, "x": series[0][1], "xlabel": "tokens per rank",
