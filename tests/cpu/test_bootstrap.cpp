@@ -141,7 +141,8 @@ TEST(TcpBootstrapTest, SignalsDoNotBreakWaits) {
       ids[static_cast<size_t>(r)] = pthread_self();
       ++started;
       try {
-        if (r == 0) turnout::thread_ranks::wait_for_signals(100, 10s);  // others wait in connect meanwhile
+        // The others wait in connect meanwhile: 100 signals a rank.
+        if (r == 0) turnout::thread_ranks::wait_for_signals(100 * kSize, 10s);
         TcpBootstrap boot(r, kSize, "127.0.0.1", port, 20s);
         for (int round = 0; round < 4; ++round) {
           // The others now sit in poll() waiting for rank 2.
@@ -164,7 +165,7 @@ TEST(TcpBootstrapTest, SignalsDoNotBreakWaits) {
   for (auto& t : threads) t.join();
   sigaction(SIGUSR1, &old, nullptr);
   expect_no_errors(errors);
-  EXPECT_GE(turnout::thread_ranks::signals_handled.load(), 100);
+  EXPECT_GE(turnout::thread_ranks::signals_handled.load(), 100 * kSize);
 }
 
 TEST(TcpBootstrapTest, SizeOneNeedsNoSockets) {

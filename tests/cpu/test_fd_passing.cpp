@@ -127,8 +127,8 @@ TEST(FdExchangeTest, SignalsDoNotBreakWaits) {
         FdExchange exchange(r);
         addresses[static_cast<size_t>(r)] = exchange.address();
         gathered.arrive_and_wait();
-        // The others wait in poll() for the last rank meanwhile.
-        if (r == kSize - 1) thread_ranks::wait_for_signals(100, 10s);
+        // The others wait in poll() for the last rank meanwhile: 100 signals a rank.
+        if (r == kSize - 1) thread_ranks::wait_for_signals(100 * kSize, 10s);
         const auto peers = peers_of(r, addresses);
         const auto got = exchange.exchange(mine.get(), peers, 10s);
         for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(read_value(got[i].get()), value_of(peers[i].rank));
@@ -148,7 +148,7 @@ TEST(FdExchangeTest, SignalsDoNotBreakWaits) {
   for (auto& t : threads) t.join();
   sigaction(SIGUSR1, &old, nullptr);
   expect_no_errors(errors);
-  EXPECT_GE(thread_ranks::signals_handled.load(), 100);
+  EXPECT_GE(thread_ranks::signals_handled.load(), 100 * kSize);
 }
 
 TEST(FdExchangeTest, AddressesDifferAndNameTheRank) {
