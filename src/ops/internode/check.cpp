@@ -11,12 +11,11 @@
 namespace turnout::internode {
 namespace {
 
+using ops::check_num_experts;
+using ops::check_num_topk;
 using ops::require;
+using ops::str;
 namespace ki = kernels::internode;
-
-std::string str(int64_t v) {
-  return std::to_string(v);
-}
 
 int num_domains(const BufferShape& shape) {
   return shape.num_ranks / shape.num_nvl_ranks;
@@ -64,17 +63,6 @@ void check_fits(const char* op, const Regions& r, const BufferShape& shape) {
            " bytes, plus counts), the buffer has " + str(static_cast<int64_t>(shape.num_nvl_bytes)) +
            "; size it with Config.get_nvl_buffer_size_hint";
   });
-}
-
-void check_num_experts(const char* op, int num_experts, int num_ranks) {
-  require(num_experts > 0 && num_experts % num_ranks == 0, op, [&] {
-    return "num_experts must be a positive multiple of the group size " + str(num_ranks) + ", got " + str(num_experts);
-  });
-}
-
-void check_num_topk(const char* op, int num_topk) {
-  require(num_topk >= 0 && num_topk <= kMaxTopk, op,
-          [&] { return "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(num_topk); });
 }
 
 }  // namespace

@@ -12,11 +12,10 @@
 namespace turnout::intranode {
 namespace {
 
+using ops::check_num_experts;
+using ops::check_num_topk;
 using ops::require;
-
-std::string str(int64_t v) {
-  return std::to_string(v);
-}
+using ops::str;
 
 kernels::IntranodeRegion dispatch_region(const BufferShape& shape, int num_experts, int recv_tokens, int slot_bytes) {
   return kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, num_experts / shape.num_ranks, recv_tokens,
@@ -30,17 +29,6 @@ void check_fits(const char* op, const kernels::IntranodeRegion& region, size_t n
                           str(region.num_ranks) + " ranks x " + str(region.ring_slots) + " slots of " +
                           str(region.slot_bytes) + " bytes, plus counts), the buffer has " +
                           str(static_cast<int64_t>(num_nvl_bytes)) + "; size it with Config.get_nvl_buffer_size_hint");
-}
-
-void check_num_experts(const char* op, int num_experts, int num_ranks) {
-  require(num_experts > 0 && num_experts % num_ranks == 0, op, [&] {
-    return "num_experts must be a positive multiple of the group size " + str(num_ranks) + ", got " + str(num_experts);
-  });
-}
-
-void check_num_topk(const char* op, int num_topk) {
-  require(num_topk >= 0 && num_topk <= kMaxTopk, op,
-          [&] { return "num_topk must be in [0, " + str(kMaxTopk) + "], got " + str(num_topk); });
 }
 
 }  // namespace

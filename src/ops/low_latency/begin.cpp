@@ -24,17 +24,10 @@ LowLatencyRegionOffsets low_latency_region_offsets(int num_max_tokens, int hidde
 
 namespace low_latency {
 
-namespace {
-
-std::string str(int64_t v) {
-  return std::to_string(v);
-}
-
-}  // namespace
-
 OpShape begin_op(BufferCore& core, const char* op, OpKind kind, int num_max_tokens, int hidden, int num_experts,
                  int num_topk) {
   using ops::require;
+  using ops::str;
   core.require_alive(op);
   if (!core.options().low_latency_mode)
     throw InvalidArgument(std::string(op) + ": this buffer was created without low_latency_mode=True");
