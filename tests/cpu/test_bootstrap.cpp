@@ -3,12 +3,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -122,48 +119,18 @@ TEST(TcpBootstrapTest, BarrierWaitsForTheLastRank) {
 }
 
 TEST(TcpBootstrapTest, SignalsDoNotBreakWaits) {
-  // No SA_RESTART, so every blocking call in the ranks can return EINTR.
-  struct sigaction quiet{};
-  turnout::thread_ranks::signals_handled = 0;
-  quiet.sa_handler = turnout::thread_ranks::count_signal;
-  struct sigaction old{};
-  ASSERT_EQ(sigaction(SIGUSR1, &quiet, &old), 0);
-
   constexpr int kSize = 3;
   const uint16_t port = free_port();
-  std::vector<pthread_t> ids(kSize);
-  std::vector<std::exception_ptr> errors(kSize);
-  std::atomic<int> started{0}, finished{0};
-  std::atomic<bool> release{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kSize; ++r)
-    threads.emplace_back([&, r] {
-      ids[static_cast<size_t>(r)] = pthread_self();
-      ++started;
-      try {
-        // The others wait in connect meanwhile: 100 signals a rank.
-        if (r == 0) turnout::thread_ranks::wait_for_signals(100 * kSize, 10s);
-        TcpBootstrap boot(r, kSize, "127.0.0.1", port, 20s);
-        for (int round = 0; round < 4; ++round) {
-          // The others now sit in poll() waiting for rank 2.
-          if (r == 2) std::this_thread::sleep_for(50ms);
-          EXPECT_TRUE(boot.all_gather(payload(r, 1 << 20, round)) == expected_gather(kSize, 1 << 20, round));
-        }
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-      ++finished;
-      // Stay alive until the signals stop: pthread_kill needs a live thread.
-      while (!release) std::this_thread::sleep_for(1ms);
-    });
-  while (started < kSize) std::this_thread::yield();
-  while (finished < kSize) {
-    for (pthread_t id : ids) pthread_kill(id, SIGUSR1);
-    std::this_thread::sleep_for(200us);
-  }
-  release = true;
-  for (auto& t : threads) t.join();
-  sigaction(SIGUSR1, &old, nullptr);
+  const auto errors = turnout::thread_ranks::run_ranks_under_signals(kSize, [&](int r) {
+    // The others wait in connect meanwhile: 100 signals a rank.
+    if (r == 0) turnout::thread_ranks::wait_for_signals(100 * kSize, 10s);
+    TcpBootstrap boot(r, kSize, "127.0.0.1", port, 20s);
+    for (int round = 0; round < 4; ++round) {
+      // The others now sit in poll() waiting for rank 2.
+      if (r == 2) std::this_thread::sleep_for(50ms);
+      EXPECT_TRUE(boot.all_gather(payload(r, 1 << 20, round)) == expected_gather(kSize, 1 << 20, round));
+    }
+  });
   expect_no_errors(errors);
   EXPECT_GE(turnout::thread_ranks::signals_handled.load(), 100 * kSize);
 }

@@ -6,15 +6,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstddef>
@@ -103,50 +100,20 @@ TEST(FdExchangeTest, ThreadsReadEveryPeersValue) {
 }
 
 TEST(FdExchangeTest, SignalsDoNotBreakWaits) {
-  // No SA_RESTART, so every blocking call of the ranks can return EINTR.
-  struct sigaction quiet{};
-  thread_ranks::signals_handled = 0;
-  quiet.sa_handler = thread_ranks::count_signal;
-  struct sigaction old{};
-  ASSERT_EQ(sigaction(SIGUSR1, &quiet, &old), 0);
-
   constexpr int kSize = 3;
   std::vector<FdAddress> addresses(kSize);
   std::barrier gathered(kSize);
-  std::vector<pthread_t> ids(kSize);
-  std::atomic<int> started{0}, finished{0};
-  std::atomic<bool> release{false};
-  std::vector<std::exception_ptr> errors(kSize);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kSize; ++r)
-    threads.emplace_back([&, r] {
-      ids[static_cast<size_t>(r)] = pthread_self();
-      ++started;
-      try {
-        const UniqueFd mine = memfd_with_value(r);
-        FdExchange exchange(r);
-        addresses[static_cast<size_t>(r)] = exchange.address();
-        gathered.arrive_and_wait();
-        // The others wait in poll() for the last rank meanwhile: 100 signals a rank.
-        if (r == kSize - 1) thread_ranks::wait_for_signals(100 * kSize, 10s);
-        const auto peers = peers_of(r, addresses);
-        const auto got = exchange.exchange(mine.get(), peers, 10s);
-        for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(read_value(got[i].get()), value_of(peers[i].rank));
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-      ++finished;
-      // Stay alive until the signals stop: pthread_kill needs a live thread.
-      while (!release) std::this_thread::sleep_for(1ms);
-    });
-  while (started < kSize) std::this_thread::yield();
-  while (finished < kSize) {
-    for (pthread_t id : ids) pthread_kill(id, SIGUSR1);
-    std::this_thread::sleep_for(200us);
-  }
-  release = true;
-  for (auto& t : threads) t.join();
-  sigaction(SIGUSR1, &old, nullptr);
+  const auto errors = thread_ranks::run_ranks_under_signals(kSize, [&](int r) {
+    const UniqueFd mine = memfd_with_value(r);
+    FdExchange exchange(r);
+    addresses[static_cast<size_t>(r)] = exchange.address();
+    gathered.arrive_and_wait();
+    // The others wait in poll() for the last rank meanwhile: 100 signals a rank.
+    if (r == kSize - 1) thread_ranks::wait_for_signals(100 * kSize, 10s);
+    const auto peers = peers_of(r, addresses);
+    const auto got = exchange.exchange(mine.get(), peers, 10s);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(read_value(got[i].get()), value_of(peers[i].rank));
+  });
   expect_no_errors(errors);
   EXPECT_GE(thread_ranks::signals_handled.load(), 100 * kSize);
 }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -73,6 +75,48 @@ inline void wait_for_signals(int count, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (signals_handled < count && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// Runs fn(rank) for ranks [0, count) on threads as run_ranks does, while
+// every rank gets a SIGUSR1 each 200 us until all have returned. The handler
+// counts them (signals_handled, reset here) and is installed without
+// SA_RESTART, so every blocking call of a rank can return EINTR.
+inline std::vector<std::exception_ptr> run_ranks_under_signals(int count, const std::function<void(int)>& fn) {
+  struct sigaction quiet{};
+  quiet.sa_handler = count_signal;
+  struct sigaction old{};
+  signals_handled = 0;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(count));
+  if (sigaction(SIGUSR1, &quiet, &old) != 0) {
+    ADD_FAILURE() << "sigaction failed";
+    return errors;
+  }
+  std::vector<pthread_t> ids(static_cast<size_t>(count));
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<bool> release{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < count; ++r)
+    threads.emplace_back([&, r] {
+      ids[static_cast<size_t>(r)] = pthread_self();
+      ++started;
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+      ++finished;
+      // Stay alive until the signals stop: pthread_kill needs a live thread.
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  while (started < count) std::this_thread::yield();
+  while (finished < count) {
+    for (pthread_t id : ids) pthread_kill(id, SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  release = true;
+  for (auto& t : threads) t.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  return errors;
 }
 
 }  // namespace turnout::thread_ranks
