@@ -31,17 +31,17 @@ __host__ __device__ constexpr int phase_bits(LowLatencyPhase phase) {
                                               : kPhaseSend | kPhaseReceive;
 }
 
-// A call's launches of `kernel(params, phases)`: one launch of the phase
-// asked for, or of both where every block of the grid is resident at once
-// (group.gpu_to_itself); else the send, then the receive.
+// A call's launches of `kernel(params, phases)` on `blocks` (grid.hpp): one
+// launch of the phase asked for, or of both where every block of the grid is
+// resident at once (group.gpu_to_itself); else the send, then the receive.
 template <typename Params>
-void launch_phases(void (*kernel)(Params, int), int threads, const Group& group, LowLatencyPhase phase,
+void launch_phases(void (*kernel)(Params, int), int blocks, int threads, const Group& group, LowLatencyPhase phase,
                    cudaStream_t stream, const Params& params) {
   if (phase != LowLatencyPhase::kSendAndReceive || group.gpu_to_itself) {
-    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, phase_bits(phase));
+    device::launch_dependent(kernel, blocks, threads, stream, params, phase_bits(phase));
   } else {
-    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, kPhaseSend);
-    device::launch_dependent(kernel, group.num_blocks, threads, stream, params, kPhaseReceive);
+    device::launch_dependent(kernel, blocks, threads, stream, params, kPhaseSend);
+    device::launch_dependent(kernel, blocks, threads, stream, params, kPhaseReceive);
   }
 }
 

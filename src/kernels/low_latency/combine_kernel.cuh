@@ -36,6 +36,7 @@
 #include "kernels/device/rank_mask.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/low_latency/call_counter.cuh"
+#include "kernels/low_latency/grid.hpp"
 #include "kernels/low_latency/launch.hpp"
 #include "kernels/low_latency/logfmt.cuh"
 #include "kernels/low_latency/peer_set.cuh"
@@ -88,7 +89,7 @@ __device__ __forceinline__ int num_global_warps() {
   return static_cast<int>(gridDim.x * kWarps);
 }
 
-__device__ __forceinline__ int num_chunks(int hidden) {
+__host__ __device__ constexpr int num_chunks(int hidden) {
   return (hidden + kChunk - 1) / kChunk;
 }
 
@@ -596,7 +597,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <bool kLogfmt, class Transport>
 void launch(const LowLatencyCombineParams& p, const Group& group, LowLatencyPhase phase, cudaStream_t stream) {
-  launch_phases(combine_kernel<kLogfmt, Transport>, kThreads, group, phase, stream, p);
+  const LowLatencyCombineArgs& a = p.args;
+  const int blocks =
+      combine_blocks(a.num_tokens, group.num_ranks, a.num_max_tokens, num_chunks(a.hidden), kWarps, group.num_blocks);
+  launch_phases(combine_kernel<kLogfmt, Transport>, blocks, kThreads, group, phase, stream, p);
 }
 
 }  // namespace combine_body

@@ -46,6 +46,7 @@
 #include "kernels/device/rank_mask.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/low_latency/call_counter.cuh"
+#include "kernels/low_latency/grid.hpp"
 #include "kernels/low_latency/launch.hpp"
 #include "kernels/low_latency/peer_set.cuh"
 #include "kernels/low_latency/stamps.cuh"
@@ -827,7 +828,8 @@ void launch_dispatch_on(const LowLatencyDispatchArgs& args, const Region& region
   using namespace dispatch_body;
   const LowLatencyDispatchParams p{args, region, group,
                                    make_plan(args.num_max_tokens, group.num_ranks, args.num_experts)};
-  launch_phases(dispatch_kernel<Transport>, kThreads, group, phase, stream, p);
+  const int blocks = dispatch_blocks(args.num_tokens, group.num_ranks, args.num_max_tokens, kWarps, group.num_blocks);
+  launch_phases(dispatch_kernel<Transport>, blocks, kThreads, group, phase, stream, p);
 }
 
 }  // namespace

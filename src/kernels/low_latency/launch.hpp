@@ -27,7 +27,7 @@ struct Group {
   void* regions_by_value[kRegionsByValue] = {};
   int rank = 0;  // this rank's index in the table
   int num_ranks = 0;
-  int num_blocks = 1;  // at most the rank's SM budget: receives spin, peers need SMs too
+  int num_blocks = 1;  // the rank's SM budget, the most a launch takes (grid.hpp): receives spin, peers need SMs too
   // No other rank of the group runs on this GPU: every block of a grid is
   // resident at once, so a call's send and receive can share one launch.
   bool gpu_to_itself = false;
