@@ -98,6 +98,13 @@ class MpsDaemon:
         os.makedirs(self.log_directory)
         env = dict(os.environ, **self._env())
         env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
+        # A client's CUDA_VISIBLE_DEVICES indexes the server's devices, not the
+        # host's: a server limited to GPU 1 shows it to its clients as GPU 0, so
+        # ranks that keep CUDA_VISIBLE_DEVICES=1 would find none. The server sees
+        # every GPU (it holds a small context, about 66 MiB, on each) and each
+        # rank keeps the list it was given, which then names the same GPUs
+        # whether or not the rank reaches the server.
+        env.pop("CUDA_VISIBLE_DEVICES", None)
         try:
             done = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True,
                                   timeout=START_TIMEOUT_S)

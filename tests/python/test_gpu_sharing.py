@@ -25,7 +25,8 @@ MODE = {mode!r}
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 pid_file = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
 entry = {{"args": sys.argv[1:], "pipe": pipe, "log": os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
-          "percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}}
+          "percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+          "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}}
 
 
 def record():
@@ -220,6 +221,21 @@ def test_uneven_sharing_gives_each_gpu_its_own_share(fake_mps):
     with gpu_sharing.shared_gpus(5, 2) as placement:
         shares = [placement.env(r)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for r in range(5)]
     assert shares == ["33.33", "50", "33.33", "50", "33.33"]
+
+
+def test_daemon_sees_every_gpu_and_ranks_keep_their_visible_list(fake_mps, monkeypatch):
+    """Ranks confined to GPU 1 by CUDA_VISIBLE_DEVICES: the MPS server would
+    renumber that GPU 0 if the daemon inherited the list, and the ranks, which
+    keep it, would find no GPU. The daemon starts without it; the ranks'
+    environment leaves it as the caller set it."""
+    record = fake_mps()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with gpu_sharing.shared_gpus(2, 1) as placement:
+        (start,) = read_record(record)
+        assert start["args"] == ["-d"]
+        assert start["visible"] is None, "the daemon must not inherit CUDA_VISIBLE_DEVICES"
+        assert all("CUDA_VISIBLE_DEVICES" not in placement.env(r) for r in range(2))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_daemon_stops_when_the_block_raises(fake_mps):
