@@ -4,7 +4,8 @@
 # JSON go to $OUT (or build/out). Prints a short summary last.
 #
 #   SUITE_RANKS="2 8"      extra GPU-suite runs, one per rank count ("" for none)
-#   SHARED_RANKS="2 4 8"   GPU-suite runs with all ranks sharing GPU 0, one per rank count
+#   SHARED_RANKS="2 4 8"   GPU-suite runs with all ranks sharing one GPU, one per rank count:
+#                          side by side on GPUs 0, 1, ... where there are enough, else in turns on GPU 0
 #   SUITE_ARGS="-x test_intranode::"  passed to those runs (-k / -x pick tests)
 #   BENCH_ARGS="intranode" what to bench (default: everything; "none" to skip)
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
@@ -41,16 +42,33 @@ done
 gpus=$(wc -l < "$out/gpus.txt")
 ran_by_test_sh=""
 [ -z "${SKIP_TEST_SH:-}" ] && [ "$gpus" = 1 ] && ran_by_test_sh=${TURNOUT_TEST_RANKS:-4}
-# In turns: a second run's MPS daemon beside a first one's left its ranks no GPU.
+# Side by side, each on a GPU of its own, where the host has a GPU for each
+# (every run's MPS daemon sees every GPU, and its ranks keep the one they are
+# given); else in turns on GPU 0.
+shared_list=()
 for n in $shared_ranks; do
   if [ "$n" = "$ran_by_test_sh" ] && [ -z "${SUITE_ARGS:-}" ]; then
     suite_lines+=("GPU suite --ranks $n, all on GPU 0: run by scripts/test.sh above, not again")
     continue
   fi
-  start=$(date +%s)
-  CUDA_VISIBLE_DEVICES=0 python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
-  suite_lines+=("GPU suite --ranks $n, all on GPU 0: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")")
+  shared_list+=("$n")
 done
+side_by_side=0
+[ "${#shared_list[@]}" -gt 1 ] && [ "$gpus" -ge "${#shared_list[@]}" ] && side_by_side=1
+i=0
+for n in "${shared_list[@]}"; do
+  gpu=$((side_by_side ? i : 0))
+  (
+    start=$(date +%s)
+    CUDA_VISIBLE_DEVICES=$gpu python3 tests/gpu/run.py --ranks "$n" ${SUITE_ARGS:-} > "$out/shared-$n.log" 2>&1
+    echo "GPU suite --ranks $n, all on GPU $gpu: exit $? after $(($(date +%s) - start)) s: $(tail -n 1 "$out/shared-$n.log")" \
+      > "$out/shared-$n.line"
+  ) &
+  [ "$side_by_side" = 1 ] || wait $!
+  i=$((i + 1))
+done
+wait
+for n in "${shared_list[@]}"; do suite_lines+=("$(cat "$out/shared-$n.line")"); done
 bench_status=skipped
 baseline_status=skipped
 if [ "$bench_args" != none ] && [ -n "${BASELINE:-}" ]; then

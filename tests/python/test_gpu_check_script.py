@@ -1,0 +1,76 @@
+"""scripts/gpu_check.sh's shared-GPU runs, driven through a fake nvidia-smi
+and python3 (no GPU here): side by side, one GPU each, where the host has a
+GPU for each rank count; else in turns on GPU 0."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_S = 1.0
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu*) i=0; while [ $i -lt {gpus} ]; do echo "$i, Fake GPU, 80 GiB"; i=$((i + 1)); done ;;
+  *) echo "fake topology" ;;
+esac
+"""
+
+# Records each GPU-suite run: its ranks, CUDA_VISIBLE_DEVICES, start and end.
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = tests/gpu/run.py ]; then
+  start=$(date +%s.%N)
+  sleep {run_s}
+  echo "$3 $CUDA_VISIBLE_DEVICES $start $(date +%s.%N)" >> "{record}"
+  echo "GPU suite: $3 ranks"
+  echo "5 passed, 0 failed, 0 skipped"
+fi
+exit 0
+"""
+
+
+def run_script(tmp_path: Path, gpus: int, shared_ranks: str):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "runs.txt"
+    for name, text in (("nvidia-smi", FAKE_SMI.format(gpus=gpus)),
+                       ("python3", FAKE_PYTHON.format(run_s=RUN_S, record=record))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out), SKIP_TEST_SH="1",
+               SUITE_RANKS="", SHARED_RANKS=shared_ranks, BENCH_ARGS="none")
+    env.pop("SUITE_ARGS", None)
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    runs = {}
+    for line in record.read_text().splitlines():
+        ranks, visible, start, end = line.split()
+        runs[int(ranks)] = (visible, float(start), float(end))
+    return runs, done.stdout
+
+
+def overlap(a, b) -> bool:
+    return a[1] < b[2] and b[1] < a[2]
+
+
+@pytest.mark.parametrize("gpus", [3, 4])
+def test_shared_runs_side_by_side_with_a_gpu_each(tmp_path, gpus):
+    runs, stdout = run_script(tmp_path, gpus, "2 4 8")
+    assert sorted(runs) == [2, 4, 8]
+    assert [runs[n][0] for n in (2, 4, 8)] == ["0", "1", "2"]
+    assert overlap(runs[2], runs[4]) and overlap(runs[4], runs[8]) and overlap(runs[2], runs[8])
+    for gpu, n in enumerate((2, 4, 8)):
+        assert f"GPU suite --ranks {n}, all on GPU {gpu}: exit 0 after" in stdout
+    assert stdout.count("5 passed, 0 failed, 0 skipped") == 3
+
+
+def test_shared_runs_in_turns_on_gpu_0_without_a_gpu_each(tmp_path):
+    runs, stdout = run_script(tmp_path, 2, "2 4 8")
+    assert sorted(runs) == [2, 4, 8]
+    assert all(runs[n][0] == "0" for n in runs)
+    assert not overlap(runs[2], runs[4]) and not overlap(runs[4], runs[8]) and not overlap(runs[2], runs[8])
+    for n in (2, 4, 8):
+        assert f"GPU suite --ranks {n}, all on GPU 0: exit 0" in stdout
