@@ -43,8 +43,8 @@ gpus=$(wc -l < "$out/gpus.txt")
 ran_by_test_sh=""
 [ -z "${SKIP_TEST_SH:-}" ] && [ "$gpus" = 1 ] && ran_by_test_sh=${TURNOUT_TEST_RANKS:-4}
 # Side by side, each on a GPU of its own, where the host has a GPU for each
-# (every run's MPS daemon sees every GPU, and its ranks keep the one they are
-# given); else in turns on GPU 0.
+# (the MPS daemon of a run on GPU k > 0 sees every GPU, so that its ranks find
+# GPU k); else in turns on GPU 0.
 shared_list=()
 for n in $shared_ranks; do
   if [ "$n" = "$ran_by_test_sh" ] && [ -z "${SUITE_ARGS:-}" ]; then

@@ -62,6 +62,18 @@ def sm_percentage(ranks_on_gpu: int) -> str:
     return f"{int(10000 / ranks_on_gpu) / 100:g}"
 
 
+def server_renumbers(visible: Optional[str]) -> bool:
+    """Whether an MPS server given this ``CUDA_VISIBLE_DEVICES`` would number
+    its GPUs other than the host does: a list of indices other than 0, 1, ...
+    in order. Its clients' indices count in the server's numbering, so ranks
+    that keep such a list would find other GPUs, or none. UUIDs (``GPU-...``,
+    ``MIG-...``) name the same devices either way."""
+    if visible is None:
+        return False
+    parts = [part.strip() for part in visible.split(",")]
+    return all(part.isdigit() for part in parts) and [int(part) for part in parts] != list(range(len(parts)))
+
+
 def process_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
@@ -98,13 +110,13 @@ class MpsDaemon:
         os.makedirs(self.log_directory)
         env = dict(os.environ, **self._env())
         env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
-        # A client's CUDA_VISIBLE_DEVICES indexes the server's devices, not the
-        # host's: a server limited to GPU 1 shows it to its clients as GPU 0, so
-        # ranks that keep CUDA_VISIBLE_DEVICES=1 would find none. The server sees
-        # every GPU (it holds a small context, about 66 MiB, on each) and each
-        # rank keeps the list it was given, which then names the same GPUs
-        # whether or not the rank reaches the server.
-        env.pop("CUDA_VISIBLE_DEVICES", None)
+        # A server limited to GPU 1 shows it to its clients as GPU 0, so ranks
+        # that keep CUDA_VISIBLE_DEVICES=1 would find none. Such a server sees
+        # every GPU instead (it holds a small context, about 66 MiB, on each)
+        # and each rank keeps the list it was given, which then names the same
+        # GPUs whether or not the rank reaches the server.
+        if server_renumbers(env.get("CUDA_VISIBLE_DEVICES")):
+            del env["CUDA_VISIBLE_DEVICES"]
         try:
             done = subprocess.run([self.control, "-d"], env=env, capture_output=True, text=True,
                                   timeout=START_TIMEOUT_S)

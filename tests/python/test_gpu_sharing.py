@@ -223,19 +223,30 @@ def test_uneven_sharing_gives_each_gpu_its_own_share(fake_mps):
     assert shares == ["33.33", "50", "33.33", "50", "33.33"]
 
 
-def test_daemon_sees_every_gpu_and_ranks_keep_their_visible_list(fake_mps, monkeypatch):
+@pytest.mark.parametrize("visible, renumbers", [
+    (None, False), ("0", False), ("0,1,2", False), (" 0, 1", False), ("1", True), ("2,3", True), ("1,0", True),
+    ("0,2", True), ("GPU-8f6b1c2d", False), ("MIG-1a2b3c4d", False), ("0,GPU-8f6b1c2d", False),
+])
+def test_server_renumbers_index_lists_other_than_the_first_gpus_in_order(visible, renumbers):
+    assert gpu_sharing.server_renumbers(visible) is renumbers
+
+
+@pytest.mark.parametrize("visible, daemon_sees",
+                         [("1", None), ("2,3", None), ("0", "0"), ("GPU-8f6b1c2d", "GPU-8f6b1c2d")])
+def test_daemon_sees_every_gpu_where_a_server_would_renumber_them(fake_mps, monkeypatch, visible, daemon_sees):
     """Ranks confined to GPU 1 by CUDA_VISIBLE_DEVICES: the MPS server would
-    renumber that GPU 0 if the daemon inherited the list, and the ranks, which
-    keep it, would find no GPU. The daemon starts without it; the ranks'
-    environment leaves it as the caller set it."""
+    number that GPU 0 if the daemon inherited the list, and the ranks, which
+    keep it, would find no GPU. Such a daemon starts without it; one given the
+    first GPUs in order, or UUIDs, keeps it. The ranks' environment leaves the
+    list as the caller set it."""
     record = fake_mps()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     with gpu_sharing.shared_gpus(2, 1) as placement:
         (start,) = read_record(record)
         assert start["args"] == ["-d"]
-        assert start["visible"] is None, "the daemon must not inherit CUDA_VISIBLE_DEVICES"
+        assert start["visible"] == daemon_sees
         assert all("CUDA_VISIBLE_DEVICES" not in placement.env(r) for r in range(2))
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
 
 
 def test_daemon_stops_when_the_block_raises(fake_mps):
