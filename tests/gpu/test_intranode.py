@@ -48,14 +48,17 @@ test_dispatch_combine_match_reference.timeout = 600
 
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
+    # Past 20 SMs combine sends a rank's rows for itself through a ring too.
+    wide = turnout.Config(24, 6, 256)
     for n, g in ctx.each_group():
-        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n)) as buf:
+        with ctx.buffer(g, num_nvl_bytes=max(nvl_bytes(case.hidden, n), nvl_bytes(case.hidden, n, wide))) as buf:
             round_trip(ctx, buf, case, n, f"n={n} async", async_finish=True)
             round_trip(ctx, buf, case, n, f"n={n} previous_event", previous_event=turnout.Buffer.capture())
             round_trip(ctx, buf, case, n, f"n={n} comm-stream outputs", previous_event=turnout.Buffer.capture(),
                        async_finish=True, allocate_on_comm_stream=True)
             # Fewer SMs than the default, and a config of its own.
             round_trip(ctx, buf, case, n, f"n={n} 4 SMs", config=turnout.Config(4, 4, 64))
+            round_trip(ctx, buf, case, n, f"n={n} 24 SMs", config=wide)
             inputs, refs, out = round_trip(ctx, buf, case, n, f"n={n} plain")
             # The caller on a stream of its own: the joins name it (the default stream's handle is 0).
             side = torch.cuda.Stream()

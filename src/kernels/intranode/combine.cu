@@ -1,11 +1,13 @@
 // Intranode combine, dispatch in reverse: the send block of a channel returns
-// this rank's expert-output rows to their source ranks (rows of one source are
-// sorted by source token, so a channel's rows are a contiguous range); the
+// this rank's expert-output rows to the other source ranks (rows of one source
+// are sorted by source token, so a channel's rows are a contiguous range); the
 // receive block sums, for each of its tokens, the rows of every rank the token
-// went to, in rank order, in fp32. A coordinator warp hands ring slots back
-// once every token that used them is done. Shrink mode: only the ranks of the
-// counts step's `live` word take part, and a rank that dies mid-call has its
-// rows dropped from the sums of the tokens it had not yet delivered.
+// went to, in rank order, in fp32. With few channels the rows this rank
+// returns to itself skip the ring: the receive block reads them from the
+// input. A coordinator warp hands ring slots back once every token that used
+// them is done. Shrink mode: only the ranks of the counts step's `live` word
+// take part, and a rank that dies mid-call has its rows dropped from the sums
+// of the tokens it had not yet delivered.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -55,7 +57,9 @@ __device__ void send_rows(const CombineParams& p, int channel) {
   const CombineArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
-  const auto [group_warps, dst, g] = warp_group(kWarps, R);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const auto [group_warps, dst, g] =
+      p.own_rows_direct ? remote_warp_group(kWarps, R, me, warp) : warp_group(kWarps, R, warp);
   if (dst >= R || !(call_ranks(p) >> dst & 1)) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
@@ -109,6 +113,12 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
   char* self = bytes(p.peers.buffers[me]);
   const CombineSlot& s = p.slot;
   const int n16 = s.row_bytes / 16;
+  // The rank whose rows come from the input (none: all from rings), and the
+  // first of them for the channel's tokens.
+  const int direct = p.own_rows_direct ? me : -1;
+  const int own_lo = me > 0 ? a.rank_prefix_matrix[(me - 1) * R + me] : 0;
+  const int own_first =
+      direct < 0 ? 0 : lower_bound_rows(a.recv_src_idx, own_lo, a.rank_prefix_matrix[me * R + me], t0);
   // Lane j < R watches ring (channel, j).
   const int32_t* my_tail = lane < R ? reinterpret_cast<const int32_t*>(self + region.tail(channel, lane)) : nullptr;
   int known_tail = 0;
@@ -133,7 +143,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       for (int j = 0; j < kRows; ++j)
         if (j == lane && ((masks[j] >> i) & 1)) my_slot = seen[j] + __popc(masks[j] & below);
       bool lane_ok = true;
-      if (my_slot >= 0 && known_tail <= my_slot)
+      if (my_slot >= 0 && lane != direct && known_tail <= my_slot)
         lane_ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + lane, WaitSite::kCombineData, [&] {
           known_tail = device::load_acquire_sys(my_tail);
           return known_tail > my_slot;
@@ -149,12 +159,14 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
       // Indexed by rank (constant indices keep them in registers); null: the
       // token did not go there.
       const char* rows[kRows];
+      int64_t own_row = -1;
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         const int slot = __shfl_sync(~0u, my_slot, j);
-        rows[j] = j < R && slot >= 0
-                      ? self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes
-                      : nullptr;
+        if (j == direct && slot >= 0) own_row = own_first + slot;
+        rows[j] = j >= R || slot < 0 ? nullptr
+                  : j == direct ? static_cast<const char*>(a.x) + own_row * s.row_bytes
+                                : self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes;
       }
       const int64_t out_row = static_cast<int64_t>(t) * s.row_bytes;
       constexpr int kUnroll = 2;
@@ -188,7 +200,9 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
           if (rows[r])
-            w += __int_as_float(device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
+            w += r == direct ? a.topk_weights[own_row * a.num_topk + lane]
+                             : __int_as_float(
+                                   device::load_volatile(reinterpret_cast<const int32_t*>(rows[r] + s.weights) + lane));
         a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
       }
       __syncwarp();
@@ -209,7 +223,7 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
-  const bool returns = lane < R && (call_ranks(p) >> lane & 1);
+  const bool returns = lane < R && !(p.own_rows_direct && lane == me) && (call_ranks(p) >> lane & 1);
   int32_t* head =
       returns ? reinterpret_cast<int32_t*>(bytes(p.peers.buffers[lane]) + region.head(channel, me)) : nullptr;
   int cursor = t0, done = 0, published = 0;
