@@ -57,9 +57,7 @@ __device__ void send_rows(const CombineParams& p, int channel) {
   const CombineArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const auto [group_warps, dst, g] =
-      p.own_rows_direct ? remote_warp_group(kWarps, R, me, warp) : warp_group(kWarps, R, warp);
+  const auto [group_warps, dst, g] = p.own_rows_direct ? remote_warp_group(kWarps, R, me) : warp_group(kWarps, R);
   if (dst >= R || !(call_ranks(p) >> dst & 1)) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;

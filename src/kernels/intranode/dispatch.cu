@@ -101,7 +101,7 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
-  const auto [group_warps, dst, g] = remote_warp_group(kWarps, R, me, static_cast<int>(threadIdx.x) / 32);
+  const auto [group_warps, dst, g] = remote_warp_group(kWarps, R, me);
   if (dst >= R || !(call_ranks(p) >> dst & 1)) return;
   const IntranodeRegion& region = p.region;
   const int C = region.num_channels;
@@ -190,7 +190,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchArgs& a = p.args;
   const int R = p.peers.num_ranks, me = p.peers.rank;
   const int lane = threadIdx.x % 32;
-  const auto [group_warps, src, g] = warp_group(kWarps, R, static_cast<int>(threadIdx.x) / 32);
+  const auto [group_warps, src, g] = warp_group(kWarps, R);
   __shared__ int32_t s_tail[kMaxNvlRanks];
   const DispatchOutputs& o = a.out;
   const IntranodeRegion& region = p.region;

@@ -80,7 +80,7 @@ struct CombineParams {
   CombineArgs args;
   WaitContext ctx;
   // The reducer reads this rank's own rows from the input instead of the
-  // sender copying them through a ring (see own_rows_direct below).
+  // sender copying them through a ring (see kOwnRowsDirectMaxChannels).
   bool own_rows_direct;
 };
 

@@ -11,17 +11,16 @@ struct WarpGroup {
   int index;  // this warp's place in the group
 };
 
-// `warp` counts from the first of the num_warps warps that take part.
-__device__ __forceinline__ WarpGroup warp_group(int num_warps, int num_ranks, int warp) {
-  const int size = num_warps / num_ranks;
+__device__ __forceinline__ WarpGroup warp_group(int num_warps, int num_ranks) {
+  const int warp = threadIdx.x / 32, size = num_warps / num_ranks;
   return {size, warp / size, warp % size};
 }
 
 // Groups for the ranks other than `self` only, for a sender whose own rank's
 // share skips the ring: every warp of the block then serves a link.
-__device__ __forceinline__ WarpGroup remote_warp_group(int num_warps, int num_ranks, int self, int warp) {
+__device__ __forceinline__ WarpGroup remote_warp_group(int num_warps, int num_ranks, int self) {
   if (num_ranks == 1) return {num_warps, num_ranks, 0};
-  WarpGroup w = warp_group(num_warps, num_ranks - 1, warp);
+  WarpGroup w = warp_group(num_warps, num_ranks - 1);
   if (w.peer >= self) ++w.peer;
   return w;
 }
