@@ -24,11 +24,12 @@ void require_ranks(int num_ranks, const char* fn) {
 }
 
 // One received token in a ring slot: its row, FP8 scales, top-k and source
-// index (kernels::make_dispatch_slot with the largest top-k); a combine slot
-// (row and weights) is smaller.
+// index (kernels::make_dispatch_slot with the largest top-k), on whole lines;
+// a combine slot (row and weights) is smaller.
 size_t token_slot_bytes(size_t hidden_bytes) {
   const int scales = static_cast<int>((hidden_bytes + 127) / 128);
-  return kernels::make_dispatch_slot(static_cast<int>(align_up(hidden_bytes, 16)), scales, kMaxTopk).bytes;
+  return align_up(kernels::make_dispatch_slot(static_cast<int>(align_up(hidden_bytes, 16)), scales, kMaxTopk).bytes,
+                  kernels::kRingSlotAlign);
 }
 
 }  // namespace

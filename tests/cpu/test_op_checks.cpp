@@ -150,6 +150,7 @@ TEST(IntranodeCheck, Dispatch) {
   const auto plan = intranode::check_dispatch(good_dispatch(), shape_of(8));
   EXPECT_GE(plan.slot.bytes, 7168 * 2);
   EXPECT_EQ(plan.region.slot_bytes, plan.slot.bytes);
+  EXPECT_EQ(plan.slot.bytes % kernels::kRingSlotAlign, 0);
   auto with = [](auto change, size_t bytes = size_t{1} << 30) {
     DispatchArgs a = good_dispatch();
     change(a);
@@ -192,6 +193,7 @@ CombineArgs good_combine() {
 
 TEST(IntranodeCheck, Combine) {
   EXPECT_NO_THROW(intranode::check_combine(good_combine(), shape_of(2)));
+  EXPECT_EQ(intranode::check_combine(good_combine(), shape_of(2)).slot.bytes % kernels::kRingSlotAlign, 0);
   auto with = [](auto change, size_t bytes = size_t{1} << 30) {
     CombineArgs a = good_combine();
     change(a);

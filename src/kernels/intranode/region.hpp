@@ -74,6 +74,11 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
   return r;
 }
 
+// Intranode ring slots take whole 128-byte lines, so that every row crosses
+// NVLink as whole lines (a 14416-byte BF16 dispatch slot left seven rows in
+// eight starting mid-line).
+inline constexpr int kRingSlotAlign = 128;
+
 // One dispatched token in a ring slot: row, scales, top-k (local ids as int32),
 // weights, source index. Each part 16-byte aligned.
 struct DispatchSlot {
