@@ -17,6 +17,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -230,6 +231,36 @@ def generator(*key) -> torch.Generator:
     """A CPU generator seeded from ``key`` alone, so any rank can redraw what
     any other rank drew (keys: the test's name, group size, rank, case)."""
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def memory_in_use(device: int, rank_pids) -> Tuple[int, str]:
+    """Bytes in use on ``device``, less what processes other than the run's
+    ranks (``rank_pids``) hold, and how that was told. Why: an MPS server that
+    another job starts meanwhile takes about 68 MiB on every GPU it sees, and a
+    leak check over the GPU's free memory alone would blame the ranks for it.
+    The others' memory comes from nvidia-smi before and after the free-memory
+    query and counts only where both agree; where nvidia-smi cannot tell, or
+    does not list this process (pids of another namespace), the figure is the
+    GPU's own, so the check can still fail."""
+    from turnout.bench import gpu_processes
+
+    uuid = gpu_processes.normalize_uuid(str(torch.cuda.get_device_properties(device).uuid))
+
+    def others_mib() -> Optional[int]:
+        snapshot = gpu_processes.query(set(), [uuid])
+        if isinstance(snapshot, str) or os.getpid() not in {p["pid"] for p in snapshot}:
+            return None
+        others = [p["used_mib"] for p in snapshot if p["pid"] not in rank_pids]
+        return None if None in others else sum(others)
+
+    for _ in range(5):
+        before = others_mib()
+        free, total = torch.cuda.mem_get_info(device)
+        if before is None:
+            break
+        if others_mib() == before:
+            return total - free - (before << 20), f"the ranks' own ({before} MiB of other processes left out)"
+    return total - free, "the whole GPU's (other processes not told apart)"
 
 
 def assert_equal(got, expected, what: str) -> None:

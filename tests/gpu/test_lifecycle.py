@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import routing
 import turnout
-from harness import assert_layout_matches, generator
+from harness import assert_layout_matches, generator, memory_in_use
 
 NVL_BYTES = 64 << 20
 CYCLES = 200
@@ -22,13 +22,14 @@ def layout_works(buf, n: int, ctx, *key) -> None:
     assert_layout_matches(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, f"n={n} {key}")
 
 
-def free_bytes(ctx, g) -> int:
-    """Free memory of this GPU once every rank of g is idle and torch's cache is empty."""
+def used_bytes(ctx, g, pids) -> int:
+    """Memory in use on this GPU (other processes' left out) once every rank of
+    g is idle and torch's cache is empty."""
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     ctx.all_gather(None, group=g)
-    return torch.cuda.mem_get_info()[0]
+    return memory_in_use(torch.cuda.current_device(), pids)[0]
 
 
 def one_cycle(ctx, g, n: int, cycle: int) -> None:
@@ -39,24 +40,25 @@ def one_cycle(ctx, g, n: int, cycle: int) -> None:
 
 
 def test_create_destroy_cycles_do_not_leak(ctx):
+    pids = set(ctx.all_gather(os.getpid()))
     for n, g in ctx.each_group():
         # The first cycle creates the CUDA context's lazy state and torch's caches.
         one_cycle(ctx, g, n, 0)
-        baseline = free_bytes(ctx, g)
+        baseline = used_bytes(ctx, g, pids)
         for cycle in range(CYCLES):
             one_cycle(ctx, g, n, cycle)
-        after = free_bytes(ctx, g)
-        assert baseline - after <= SLACK_BYTES, \
-            f"n={n}: {(baseline - after) / 2**20:.1f} MiB less free after {CYCLES} create/destroy cycles"
+        after = used_bytes(ctx, g, pids)
+        assert after - baseline <= SLACK_BYTES, \
+            f"n={n}: {(after - baseline) / 2**20:.1f} MiB more in use after {CYCLES} create/destroy cycles"
 
         # Without explicitly_destroy the memory goes when the object is collected.
         buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES)
         layout_works(buf, n, ctx, "collected", n, ctx.rank)
-        assert free_bytes(ctx, g) < baseline - NVL_BYTES // 2, f"n={n}: a live buffer should hold its memory"
+        assert used_bytes(ctx, g, pids) > baseline + NVL_BYTES // 2, f"n={n}: a live buffer should hold its memory"
         del buf
-        after = free_bytes(ctx, g)
-        assert baseline - after <= SLACK_BYTES, \
-            f"n={n}: {(baseline - after) / 2**20:.1f} MiB less free after a collected buffer"
+        after = used_bytes(ctx, g, pids)
+        assert after - baseline <= SLACK_BYTES, \
+            f"n={n}: {(after - baseline) / 2**20:.1f} MiB more in use after a collected buffer"
 
 
 test_create_destroy_cycles_do_not_leak.timeout = 600

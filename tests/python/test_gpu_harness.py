@@ -57,3 +57,55 @@ def test_host_times_line_names_each_part_and_the_rest():
     line = times.line("mod::test", 10.0)
     assert line.startswith("TIME mod::test: 10.0 s: Buffer() 2.50 s (1), dispatch 0.25 s (80), "
                            "synchronize 1.25 s (160), rest 6.00 s; torch threads ")
+
+
+class FakeGpu:
+    """One GPU of 80 GiB with 10 GiB free, and nvidia-smi answers in turn."""
+
+    def __init__(self, monkeypatch, *answers):
+        from turnout.bench import gpu_processes
+
+        self.answers = list(answers)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"uuid": "abc"}))
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 << 30, 80 << 30))
+        monkeypatch.setattr(gpu_processes, "query", self.query)
+
+    def query(self, own, gpus):
+        assert gpus == ["abc"]
+        return self.answers.pop(0)
+
+
+def process(pid, mib):
+    return {"pid": pid, "name": "p", "used_mib": mib, "gpu": "GPU-abc", "mps_server": False}
+
+
+def test_memory_in_use_leaves_out_other_processes(monkeypatch):
+    me, peer, server = harness.os.getpid(), -2, -3
+    ranks = [process(me, 300), process(peer, 300)]
+    FakeGpu(monkeypatch, ranks + [process(server, 68)], ranks + [process(server, 68)])
+    used, how = harness.memory_in_use(0, {me, peer})
+    assert used == (70 << 30) - (68 << 20) and "68 MiB of other processes left out" in how
+
+
+def test_memory_in_use_asks_again_when_a_process_starts_meanwhile(monkeypatch):
+    me, server = harness.os.getpid(), -3
+    gpu = FakeGpu(monkeypatch, [process(me, 300)], [process(me, 300), process(server, 68)],
+                  [process(me, 300), process(server, 68)], [process(me, 300), process(server, 68)])
+    used, _ = harness.memory_in_use(0, {me})
+    assert used == (70 << 30) - (68 << 20) and not gpu.answers
+
+
+@pytest.mark.parametrize("answer", ["unknown (nvidia-smi not found)",
+                                    [process(-5, 300)],  # this process not listed: another pid namespace
+                                    [process(harness.os.getpid(), 300), process(-3, None)]])
+def test_memory_in_use_falls_back_to_the_whole_gpu(monkeypatch, answer):
+    FakeGpu(monkeypatch, answer)
+    used, how = harness.memory_in_use(0, {harness.os.getpid()})
+    assert used == 70 << 30 and "whole GPU" in how
+
+
+def test_memory_in_use_gives_up_on_processes_that_keep_changing(monkeypatch):
+    me = harness.os.getpid()
+    FakeGpu(monkeypatch, *[[process(me, 300), process(-3, mib)] for mib in range(10)])
+    used, how = harness.memory_in_use(0, {me})
+    assert used == 70 << 30 and "whole GPU" in how
