@@ -10,14 +10,16 @@ that ran zero times cannot pass as a test."""
 import ast
 import contextlib
 import functools
+import gc
 import importlib.abc
 import importlib.machinery
 import os
 import sys
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
 import torch
@@ -233,34 +235,74 @@ def generator(*key) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
-def memory_in_use(device: int, rank_pids) -> Tuple[int, str]:
-    """Bytes in use on ``device``, less what processes other than the run's
-    ranks (``rank_pids``) hold, and how that was told. Why: an MPS server that
-    another job starts meanwhile takes about 68 MiB on every GPU it sees, and a
-    leak check over the GPU's free memory alone would blame the ranks for it.
-    The others' memory comes from nvidia-smi before and after the free-memory
-    query and counts only where both agree; where nvidia-smi cannot tell, or
-    does not list this process (pids of another namespace), the figure is the
-    GPU's own, so the check can still fail."""
+def memory_in_use(device: int, rank_pids) -> Tuple[int, Optional[FrozenSet[int]]]:
+    """Bytes in use on ``device`` less what nvidia-smi lists for processes other
+    than the run's ranks (``rank_pids``), and those processes' pids; None in
+    their place where nvidia-smi cannot tell (or does not list this process:
+    pids of another namespace), the figure then the whole GPU's. nvidia-smi is
+    asked before and after the free-memory query, and counts where both agree."""
     from turnout.bench import gpu_processes
 
     uuid = gpu_processes.normalize_uuid(str(torch.cuda.get_device_properties(device).uuid))
 
-    def others_mib() -> Optional[int]:
+    def others() -> Optional[Dict[int, int]]:
         snapshot = gpu_processes.query(set(), [uuid])
         if isinstance(snapshot, str) or os.getpid() not in {p["pid"] for p in snapshot}:
             return None
-        others = [p["used_mib"] for p in snapshot if p["pid"] not in rank_pids]
-        return None if None in others else sum(others)
+        mib = {p["pid"]: p["used_mib"] for p in snapshot if p["pid"] not in rank_pids}
+        return None if None in mib.values() else mib
 
     for _ in range(5):
-        before = others_mib()
+        before = others()
         free, total = torch.cuda.mem_get_info(device)
         if before is None:
             break
-        if others_mib() == before:
-            return total - free - (before << 20), f"the ranks' own ({before} MiB of other processes left out)"
-    return total - free, "the whole GPU's (other processes not told apart)"
+        if others() == before:
+            return total - free - (sum(before.values()) << 20), frozenset(before)
+    return total - free, None
+
+
+@dataclass
+class MemoryWindow:
+    before: int  # bytes in use at the start (see memory_in_use)
+    after: int
+    note: str  # how the figures were told apart from other processes'
+
+    @property
+    def kept(self) -> int:
+        return self.after - self.before
+
+
+def memory_kept(ctx, group, rank_pids, body, tries: int = 3) -> MemoryWindow:
+    """Memory in use after ``body()`` less before, every rank of ``group`` idle
+    and torch's cache empty at both ends. Why not the GPU's free memory alone:
+    another job's MPS server takes about 71 MiB on every GPU it sees, of which
+    nvidia-smi lists 66 for it, so where a process other than the ranks starts
+    or ends on a rank's GPU meanwhile the window is run again, up to ``tries``
+    times; the note of the last says so."""
+    device = torch.cuda.current_device()
+
+    def settle() -> None:
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        ctx.all_gather(None, group=group)
+
+    for _ in range(tries):
+        settle()
+        before, others_before = memory_in_use(device, rank_pids)
+        body()
+        settle()
+        after, others_after = memory_in_use(device, rank_pids)
+        steady = others_before == others_after
+        if all(ctx.all_gather(steady, group=group)):
+            if others_after is None:
+                return MemoryWindow(before, after, "the whole GPU's (nvidia-smi could not tell other processes)")
+            return MemoryWindow(before, after, f"other processes' memory left out ({len(others_after)} of them)")
+    came = sorted((others_after or frozenset()) - (others_before or frozenset()))
+    gone = sorted((others_before or frozenset()) - (others_after or frozenset()))
+    return MemoryWindow(before, after, f"other processes came or went on the GPUs in each of {tries} tries "
+                                       f"(last, here: started {came}, ended {gone})")
 
 
 def assert_equal(got, expected, what: str) -> None:

@@ -1,6 +1,5 @@
 """Buffers come and go without leaking GPU memory, whether destroyed
 explicitly or collected, and bootstrap over an NCCL group too."""
-import gc
 import os
 
 import torch
@@ -8,7 +7,7 @@ import torch.distributed as dist
 
 import routing
 import turnout
-from harness import assert_layout_matches, generator, memory_in_use
+from harness import assert_layout_matches, generator, memory_in_use, memory_kept
 
 NVL_BYTES = 64 << 20
 CYCLES = 200
@@ -20,16 +19,6 @@ def layout_works(buf, n: int, ctx, *key) -> None:
     num_experts = 8 * n
     topk_idx = routing.uniform(512, num_experts, 4, generator(*key), ctx.device)
     assert_layout_matches(buf.get_dispatch_layout(topk_idx, num_experts), topk_idx, n, num_experts, f"n={n} {key}")
-
-
-def used_bytes(ctx, g, pids) -> int:
-    """Memory in use on this GPU (other processes' left out) once every rank of
-    g is idle and torch's cache is empty."""
-    torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
-    ctx.all_gather(None, group=g)
-    return memory_in_use(torch.cuda.current_device(), pids)[0]
 
 
 def one_cycle(ctx, g, n: int, cycle: int) -> None:
@@ -44,21 +33,28 @@ def test_create_destroy_cycles_do_not_leak(ctx):
     for n, g in ctx.each_group():
         # The first cycle creates the CUDA context's lazy state and torch's caches.
         one_cycle(ctx, g, n, 0)
-        baseline = used_bytes(ctx, g, pids)
-        for cycle in range(CYCLES):
-            one_cycle(ctx, g, n, cycle)
-        after = used_bytes(ctx, g, pids)
-        assert after - baseline <= SLACK_BYTES, \
-            f"n={n}: {(after - baseline) / 2**20:.1f} MiB more in use after {CYCLES} create/destroy cycles"
+
+        def cycles():
+            for cycle in range(CYCLES):
+                one_cycle(ctx, g, n, cycle)
+
+        window = memory_kept(ctx, g, pids, cycles)
+        assert window.kept <= SLACK_BYTES, \
+            f"n={n}: {window.kept / 2**20:.1f} MiB more in use after {CYCLES} create/destroy cycles ({window.note})"
 
         # Without explicitly_destroy the memory goes when the object is collected.
-        buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES)
-        layout_works(buf, n, ctx, "collected", n, ctx.rank)
-        assert used_bytes(ctx, g, pids) > baseline + NVL_BYTES // 2, f"n={n}: a live buffer should hold its memory"
-        del buf
-        after = used_bytes(ctx, g, pids)
-        assert after - baseline <= SLACK_BYTES, \
-            f"n={n}: {(after - baseline) / 2**20:.1f} MiB more in use after a collected buffer"
+        held = []
+
+        def collected_buffer():
+            buf = turnout.Buffer(g, num_nvl_bytes=NVL_BYTES)
+            layout_works(buf, n, ctx, "collected", n, ctx.rank)
+            torch.cuda.synchronize()
+            held.append(memory_in_use(torch.cuda.current_device(), pids)[0])
+
+        window = memory_kept(ctx, g, pids, collected_buffer)
+        assert held[-1] - window.before > NVL_BYTES // 2, f"n={n}: a live buffer should hold its memory"
+        assert window.kept <= SLACK_BYTES, \
+            f"n={n}: {window.kept / 2**20:.1f} MiB more in use after a collected buffer ({window.note})"
 
 
 test_create_destroy_cycles_do_not_leak.timeout = 600

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import turnout
-from harness import count_check, memory_in_use
+from harness import count_check, memory_kept
 from low_latency_cases import round_trip, size_hint, world
 from shrink_cases import CASES, SHRINK_S, References, Step, assert_mask, variants
 
@@ -187,18 +187,15 @@ def test_create_mask_destroy_cycles_keep_memory(ctx):
     pids = set(ctx.all_gather(os.getpid()))
     for _ in range(10):
         cycle()
-    torch.cuda.synchronize()
-    ctx.all_gather(None)
-    used_before, _ = memory_in_use(dev, pids)
-    for _ in range(190):
-        cycle()
-    torch.cuda.synchronize()
-    ctx.all_gather(None)
-    used_after, measured = memory_in_use(dev, pids)
+
+    def cycles():
+        for _ in range(190):
+            cycle()
+
     # Every rank on this GPU cycles too; 8 MiB is far below one buffer's allocation.
-    grew = used_after - used_before
-    assert grew < 8 << 20, \
-        f"n={n}: 190 cycles took {grew / 2**20:.1f} MiB of device memory and kept it (memory in use: {measured})"
+    window = memory_kept(ctx, g, pids, cycles)
+    assert window.kept < 8 << 20, \
+        f"n={n}: 190 cycles took {window.kept / 2**20:.1f} MiB of device memory and kept it (memory: {window.note})"
 
 
 test_create_mask_destroy_cycles_keep_memory.timeout = 300

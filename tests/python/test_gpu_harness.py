@@ -60,14 +60,15 @@ def test_host_times_line_names_each_part_and_the_rest():
 
 
 class FakeGpu:
-    """One GPU of 80 GiB with 10 GiB free, and nvidia-smi answers in turn."""
+    """One GPU of 80 GiB, its free memory and nvidia-smi's answers given in turn."""
 
-    def __init__(self, monkeypatch, *answers):
+    def __init__(self, monkeypatch, *answers, free=()):
         from turnout.bench import gpu_processes
 
-        self.answers = list(answers)
+        self.answers, self.free = list(answers), list(free)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"uuid": "abc"}))
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 << 30, 80 << 30))
+        monkeypatch.setattr(torch.cuda, "mem_get_info",
+                            lambda device: (self.free.pop(0) if self.free else 10 << 30, 80 << 30))
         monkeypatch.setattr(gpu_processes, "query", self.query)
 
     def query(self, own, gpus):
@@ -79,33 +80,67 @@ def process(pid, mib):
     return {"pid": pid, "name": "p", "used_mib": mib, "gpu": "GPU-abc", "mps_server": False}
 
 
+ME, PEER, SERVER = harness.os.getpid(), -2, -3
+
+
 def test_memory_in_use_leaves_out_other_processes(monkeypatch):
-    me, peer, server = harness.os.getpid(), -2, -3
-    ranks = [process(me, 300), process(peer, 300)]
-    FakeGpu(monkeypatch, ranks + [process(server, 68)], ranks + [process(server, 68)])
-    used, how = harness.memory_in_use(0, {me, peer})
-    assert used == (70 << 30) - (68 << 20) and "68 MiB of other processes left out" in how
+    ranks = [process(ME, 300), process(PEER, 300)]
+    FakeGpu(monkeypatch, ranks + [process(SERVER, 68)], ranks + [process(SERVER, 68)])
+    assert harness.memory_in_use(0, {ME, PEER}) == ((70 << 30) - (68 << 20), frozenset({SERVER}))
 
 
 def test_memory_in_use_asks_again_when_a_process_starts_meanwhile(monkeypatch):
-    me, server = harness.os.getpid(), -3
-    gpu = FakeGpu(monkeypatch, [process(me, 300)], [process(me, 300), process(server, 68)],
-                  [process(me, 300), process(server, 68)], [process(me, 300), process(server, 68)])
-    used, _ = harness.memory_in_use(0, {me})
-    assert used == (70 << 30) - (68 << 20) and not gpu.answers
+    gpu = FakeGpu(monkeypatch, [process(ME, 300)], [process(ME, 300), process(SERVER, 68)],
+                  [process(ME, 300), process(SERVER, 68)], [process(ME, 300), process(SERVER, 68)])
+    assert harness.memory_in_use(0, {ME}) == ((70 << 30) - (68 << 20), frozenset({SERVER}))
+    assert not gpu.answers
 
 
 @pytest.mark.parametrize("answer", ["unknown (nvidia-smi not found)",
                                     [process(-5, 300)],  # this process not listed: another pid namespace
-                                    [process(harness.os.getpid(), 300), process(-3, None)]])
+                                    [process(ME, 300), process(SERVER, None)]])
 def test_memory_in_use_falls_back_to_the_whole_gpu(monkeypatch, answer):
     FakeGpu(monkeypatch, answer)
-    used, how = harness.memory_in_use(0, {harness.os.getpid()})
-    assert used == 70 << 30 and "whole GPU" in how
+    assert harness.memory_in_use(0, {ME}) == (70 << 30, None)
 
 
 def test_memory_in_use_gives_up_on_processes_that_keep_changing(monkeypatch):
-    me = harness.os.getpid()
-    FakeGpu(monkeypatch, *[[process(me, 300), process(-3, mib)] for mib in range(10)])
-    used, how = harness.memory_in_use(0, {me})
-    assert used == 70 << 30 and "whole GPU" in how
+    FakeGpu(monkeypatch, *[[process(ME, 300), process(SERVER, mib)] for mib in range(10)])
+    assert harness.memory_in_use(0, {ME}) == (70 << 30, None)
+
+
+class OneRank:
+    """The context of a run of one rank, for memory_kept."""
+
+    def all_gather(self, obj, group=None):
+        return [obj]
+
+
+@pytest.fixture
+def no_gpu_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_memory_kept_runs_the_window_again_when_another_process_starts(monkeypatch, no_gpu_sync):
+    quiet, busy = [process(ME, 300)], [process(ME, 300), process(SERVER, 66)]
+    # First window: a server starts (71 MiB taken, 66 listed), a leak-free body; second window steady.
+    FakeGpu(monkeypatch, quiet, quiet, busy, busy, busy, busy, busy, busy,
+            free=[10 << 30, (10 << 30) - (71 << 20), (10 << 30) - (71 << 20), (10 << 30) - (71 << 20)])
+    calls = []
+    window = harness.memory_kept(OneRank(), None, {ME}, lambda: calls.append(1))
+    assert len(calls) == 2 and window.kept == 0 and "left out (1 of them)" in window.note
+
+
+def test_memory_kept_sees_a_leak_in_a_steady_window(monkeypatch, no_gpu_sync):
+    busy = [process(ME, 300), process(SERVER, 66)]
+    FakeGpu(monkeypatch, *[busy] * 4, free=[10 << 30, (10 << 30) - (5 << 20)])
+    window = harness.memory_kept(OneRank(), None, {ME}, lambda: None)
+    assert window.kept == 5 << 20 and window.before == (70 << 30) - (66 << 20)
+
+
+def test_memory_kept_says_when_no_window_was_steady(monkeypatch, no_gpu_sync):
+    FakeGpu(monkeypatch, *[[process(ME, 300)] + [process(-10 - i, 66) for i in range(w // 2)] for w in range(12)])
+    window = harness.memory_kept(OneRank(), None, {ME}, lambda: None, tries=3)
+    assert "each of 3 tries" in window.note and "started [-14], ended []" in window.note
