@@ -28,8 +28,8 @@ void require_ranks(int num_ranks, const char* fn) {
 // a combine slot (row and weights) is smaller.
 size_t token_slot_bytes(size_t hidden_bytes) {
   const int scales = static_cast<int>((hidden_bytes + 127) / 128);
-  return align_up(kernels::make_dispatch_slot(static_cast<int>(align_up(hidden_bytes, 16)), scales, kMaxTopk).bytes,
-                  kernels::kRingSlotAlign);
+  return kernels::ring_slot_bytes(
+      kernels::make_dispatch_slot(static_cast<int>(align_up(hidden_bytes, 16)), scales, kMaxTopk).bytes);
 }
 
 }  // namespace

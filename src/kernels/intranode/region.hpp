@@ -79,6 +79,11 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
 // eight starting mid-line).
 inline constexpr int kRingSlotAlign = 128;
 
+// A ring slot for a token whose parts take `parts_bytes`.
+inline int ring_slot_bytes(int64_t parts_bytes) {
+  return static_cast<int>(align_up(parts_bytes, kRingSlotAlign));
+}
+
 // One dispatched token in a ring slot: row, scales, top-k (local ids as int32),
 // weights, source index. Each part 16-byte aligned.
 struct DispatchSlot {

@@ -101,7 +101,7 @@ DispatchPlan check_dispatch(const DispatchArgs& a, const BufferShape& shape) {
   require(is_aligned(o.recv_x, 16), op, "recv_x must start at a 16-byte aligned address");
   DispatchPlan plan;
   plan.slot = kernels::make_dispatch_slot(a.row_bytes, a.num_scales, a.num_topk);
-  plan.slot.bytes = static_cast<int>(align_up(plan.slot.bytes, kernels::kRingSlotAlign));
+  plan.slot.bytes = kernels::ring_slot_bytes(plan.slot.bytes);
   plan.region = dispatch_region(shape, a.num_topk > 0 ? a.num_experts : 0, a.num_max_recv_tokens, plan.slot.bytes);
   check_fits(op, plan.region, shape.num_nvl_bytes);
   return plan;
@@ -123,7 +123,7 @@ CombinePlan check_combine(const CombineArgs& a, const BufferShape& shape) {
           "x, combined_x and the biases must start at a 16-byte aligned address");
   CombinePlan plan;
   plan.slot = kernels::make_combine_slot(a.hidden, a.num_topk);
-  plan.slot.bytes = static_cast<int>(align_up(plan.slot.bytes, kernels::kRingSlotAlign));
+  plan.slot.bytes = kernels::ring_slot_bytes(plan.slot.bytes);
   plan.region =
       kernels::make_intranode_region(shape.num_ranks, shape.num_sms / 2, 0, a.num_max_recv_tokens, plan.slot.bytes);
   check_fits(op, plan.region, shape.num_nvl_bytes);
