@@ -64,6 +64,25 @@ __device__ __forceinline__ void warp_copy_16(void* dst, const void* src, int n16
     store_16(d + i, kSrcIsShared ? load_shared_16(s + i) : load_input_16(s + i));
 }
 
+// As warp_copy_16 from rows another GPU wrote, with the remainder past the
+// whole passes in one pass cut short at the row's end instead of a round trip
+// per word (448-word FP8 rows: one pass and six such words). Not in
+// warp_copy_16 itself: the internode kernels' spills grew with it.
+__device__ __forceinline__ void warp_copy_shared_16_cut(void* dst, const void* src, int n16, int lane) {
+  auto* d = static_cast<int4*>(dst);
+  const auto* s = static_cast<const int4*>(src);
+  constexpr int kWords = 8;
+  for (int i = lane; i < n16; i += 32 * kWords) {
+    int4 v[kWords];
+#pragma unroll
+    for (int u = 0; u < kWords; ++u)
+      if (i + 32 * u < n16) v[u] = load_shared_16(s + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kWords; ++u)
+      if (i + 32 * u < n16) store_16(d + i + 32 * u, v[u]);
+  }
+}
+
 // A barrier for `threads` threads (whole warps) of the block; ids 1..15 (0 is
 // __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {

@@ -248,7 +248,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
         parts.weight = __int_as_float(__ldcg(meta + s.weights / 4 + lane));
       }
       const int32_t src_idx = lane == 0 ? __ldcg(meta + s.src / 4) : 0;
-      device::warp_copy_16<true>(static_cast<char*>(o.recv_x) + row * a.row_bytes, slot, n16, lane);
+      device::warp_copy_shared_16_cut(static_cast<char*>(o.recv_x) + row * a.row_bytes, slot, n16, lane);
       store_token_parts(o, a, row, parts, src_idx, lane);
       auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
       for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = __ldcg(meta + s.scales / 4 + i);
