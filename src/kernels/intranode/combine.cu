@@ -25,8 +25,8 @@
 namespace turnout::kernels {
 namespace {
 
-// Fewer threads than dispatch: each reducing lane keeps 2 x kRows words in
-// flight, which needs the registers.
+// Fewer threads than dispatch: each reducing lane keeps two to four words of
+// each of kRows rows in flight, which needs the registers.
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWorkers = kWarps - 1;
