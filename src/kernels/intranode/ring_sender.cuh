@@ -1,7 +1,8 @@
 // The sending side of one ring, driven by a warp group: positions are handed
 // out round robin to the group's warps; before a round the group waits until
 // the receiver has left room for all of it, after the round it publishes the
-// tail. Every warp of the group calls reserve/commit for every position, so
+// tail from its last warp (from the first, combine took 1-5% longer on 4x
+// H200). Every warp of the group calls reserve/commit for every position, so
 // all reach the same barriers even after a failed wait.
 #pragma once
 
@@ -60,7 +61,7 @@ struct RingSender {
  private:
   __device__ void publish(int count, int lane) {
     device::named_barrier(barrier_id, group_warps * 32);
-    if (ok && warp_in_group == 0 && lane == 0) device::store_release_sys(tail, count);
+    if (ok && warp_in_group == group_warps - 1 && lane == 0) device::store_release_sys(tail, count);
   }
 };
 
