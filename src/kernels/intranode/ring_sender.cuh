@@ -1,7 +1,7 @@
 // The sending side of one ring, driven by a warp group: positions are handed
 // out round robin to the group's warps; before a round the group waits until
 // the receiver has left room for all of it, after the round it publishes the
-// tail from its last warp (from the first, combine took 1-5% longer on 4x
+// tail from its last warp (from the first, combine took 1-6% longer on 4x
 // H200). Every warp of the group calls reserve/commit for every position, so
 // all reach the same barriers even after a failed wait.
 #pragma once
