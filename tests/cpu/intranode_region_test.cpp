@@ -40,7 +40,7 @@ TEST(IntranodeRegion, SizeHintCoversEveryCall) {
         const auto fp8 = kernels::make_dispatch_slot(hidden, hidden / 128, kMaxTopk);
         const auto back = kernels::make_combine_slot(hidden, kMaxTopk);
         for (int parts : {bf16.bytes, fp8.bytes, back.bytes}) {
-          const int slot = static_cast<int>(align_up(parts, kernels::kRingSlotAlign));
+          const int slot = kernels::ring_slot_bytes(parts);
           const auto r = kernels::make_intranode_region(ranks, sms / 2, 1024 / ranks, 256, slot);
           EXPECT_LE(static_cast<size_t>(r.total), hint)
               << "hidden " << hidden << ", " << ranks << " ranks, " << sms << " SMs, slot " << slot;
