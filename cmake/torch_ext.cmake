@@ -1,8 +1,9 @@
 # turnout._torch_ext: the parts of the Python layer built against torch's C++
-# API (python/ext_torch: the ops' outputs from torch's allocator, the common
-# intranode dispatch in one call). Built only where torch can be imported at
-# build time, against that torch, whose version is installed beside it: the
-# Python layer imports the module only under that version (turnout/torch_ext.py).
+# API (python/ext_torch: the ops' outputs from torch's allocator; the common
+# intranode dispatch and combine and the low-latency combine, each in one
+# call). Built only where torch can be imported at build time, against that
+# torch, whose version is installed beside it: the Python layer imports the
+# module only under that version (turnout/torch_ext.py).
 if(NOT TURNOUT_TORCH_EXT)
   return()
 endif()
@@ -21,7 +22,7 @@ list(GET _turnout_torch_info 1 _turnout_torch_version)
 list(GET _turnout_torch_info 2 _turnout_torch_abi)
 message(STATUS "turnout._torch_ext: against torch ${_turnout_torch_version} (${_turnout_torch_dir})")
 Python_add_library(_torch_ext MODULE WITH_SOABI python/ext_torch/module.cpp python/ext_torch/outputs.cpp
-                   python/ext_torch/intranode_ops.cpp)
+                   python/ext_torch/intranode_ops.cpp python/ext_torch/low_latency_ops.cpp)
 target_compile_features(_torch_ext PRIVATE cxx_std_17)
 target_include_directories(_torch_ext PRIVATE "${PROJECT_SOURCE_DIR}/include" "${PROJECT_SOURCE_DIR}/python/ext")
 target_include_directories(_torch_ext SYSTEM PRIVATE "${_turnout_torch_dir}/include"

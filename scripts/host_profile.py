@@ -10,9 +10,10 @@ native buffer whose calls do nothing, so what it times is the Python layer
 alone: checks, allocations, output sets, handles, events, the pending queue.
 On a GPU host the native call (the kernel launch), the caching allocator and
 the CUDA stream and event calls come on top. Where turnout._torch_ext is in
-use, the "one call" modes time its one-call dispatch (checks, outputs and a
-call into a ctypes entry that queues nothing, tests/python/intranode_entry_mirror.py);
-the other dispatch modes keep to the Python layer's own path.
+use, the "one call" modes time its one-call ops (checks, outputs and a call
+into a ctypes entry that queues nothing: tests/python/intranode_entry_mirror.py,
+low_latency_entry_mirror.py); the modes they stand beside keep to the Python
+layer's own path.
 
 Per mode: the mean us per call of the best of ``--repeats`` runs of
 ``--calls`` calls back to back, in the thread's CPU time (this machine's
@@ -39,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
 
 import intranode_entry_mirror  # noqa: E402
+import low_latency_entry_mirror  # noqa: E402
 import low_latency_standin as standin  # noqa: E402
 from turnout import _C, Buffer, torch_ext  # noqa: E402
 from turnout.ops import intranode, streams  # noqa: E402
@@ -170,35 +172,37 @@ def modes(buffer: Buffer):
         return loop(lambda: buffer.combine(recv_x, handle, recv_weights))(n)
 
     def python_path(make):
-        # The Python layer's own path: the one-call dispatch and combine turned
-        # off (the stand-in buffer is not _C's, so _C's entry would decline
-        # them after their checks and allocations).
+        # The Python layer's own path: the one-call ops turned off (the
+        # stand-in buffer is not _C's, so _C's entries would decline them
+        # after their checks and allocations).
         def made(n):
             run = make(n)
 
             def in_python():
-                saved = intranode._dispatch_worst, intranode._combine_plain
-                intranode._dispatch_worst = intranode._combine_plain = None
+                saved = intranode._dispatch_worst, intranode._combine_plain, ll._combine_in_one_call
+                intranode._dispatch_worst = intranode._combine_plain = ll._combine_in_one_call = None
                 try:
                     run()
                 finally:
-                    intranode._dispatch_worst, intranode._combine_plain = saved
+                    intranode._dispatch_worst, intranode._combine_plain, ll._combine_in_one_call = saved
             return in_python
         return made
 
-    def one_call(make):
-        # turnout._torch_ext's one-call path with a ctypes entry that queues
-        # nothing (its callback from C into Python is part of the figure).
+    def one_call(make, mirror=intranode_entry_mirror):
+        # turnout._torch_ext's one-call path with a ctypes entry (mirror's)
+        # that queues nothing (its callback from C into Python is part of the
+        # figure).
         def made(n):
             run = make(n)
 
             def through_entry():
-                entry = intranode_entry_mirror.Recorder(keep=False)
-                alive = intranode_entry_mirror.install(torch_ext.MODULE, entry)
+                entry = mirror.Recorder(keep=False)
+                alive = mirror.install(torch_ext.MODULE, entry)
                 try:
                     run()
                 finally:
                     torch_ext.MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
+                    torch_ext.MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
                 del alive
                 if entry.count != n:
                     raise RuntimeError(f"the one-call path took {entry.count} of {n} calls")
@@ -215,6 +219,9 @@ def modes(buffer: Buffer):
         ("dispatch BF16, num_worst_tokens, one call", one_call(worst_bf16)),
         ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8)),
         ("combine BF16, with weights, one call", one_call(normal_combine))]
+    low_latency_one_call_modes = [] if torch_ext.MODULE is None else [
+        ("low_latency_combine BF16, one call", one_call(combine_loop(), low_latency_entry_mirror)),
+        ("low_latency_combine BF16, async_finish, one call", one_call(async_combine, low_latency_entry_mirror))]
     return [
         ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
         ("dispatch BF16, num_worst_tokens", python_path(worst_bf16)),
@@ -230,8 +237,9 @@ def modes(buffer: Buffer):
         ("low_latency_dispatch FP8, async_finish", async_loop(lambda: dispatch(async_finish=True)[3])),
         ("low_latency_dispatch FP8, hook send", loop(lambda: dispatch(return_recv_hook=True))),
         ("low_latency_dispatch FP8, hook()", hooks(lambda: dispatch(return_recv_hook=True)[4])),
-        ("low_latency_combine BF16", combine_loop()),
-        ("low_latency_combine BF16, async_finish", async_combine),
+        ("low_latency_combine BF16", python_path(combine_loop())),
+        ("low_latency_combine BF16, async_finish", python_path(async_combine)),
+        *low_latency_one_call_modes,
         ("low_latency_combine BF16, hook send", combine_sends),
         ("low_latency_combine BF16, hook()", combine_hooks),
     ]

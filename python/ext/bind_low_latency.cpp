@@ -5,7 +5,9 @@
 // on a path whose whole host budget is a few microseconds.
 //
 // A launch given an EventRing (an async_finish call) also records the ring's
-// next event on its stream and returns it; given None it returns None.
+// next event on its stream and returns it; given None it returns None. The
+// combine also goes to turnout._torch_ext behind a capsule
+// (low_latency_entry.hpp), which calls it with the output it made.
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 
@@ -13,6 +15,7 @@
 
 #include "bindings.hpp"
 #include "comm_events.hpp"
+#include "low_latency_entry.hpp"
 
 namespace turnout::bindings {
 
@@ -69,6 +72,15 @@ nb::object low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs
   return recorded(ring, s);
 }
 
+// A combine with its arguments in their struct: the binding's and the capsule's.
+nb::object queue_combine(Buffer& b, const LowLatencyCombineArgs& a, int phase, uintptr_t s, MaybeStream wait_for,
+                         EventRing* ring) {
+  const LowLatencyPhase p = to_phase(phase, "low_latency_combine");
+  join_before(b, s, wait_for);
+  b.low_latency_combine(a, p, stream(s));
+  return recorded(ring, s);
+}
+
 nb::object low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_topk, int hidden, int num_max_tokens,
                                int num_experts, uintptr_t topk_idx, uintptr_t topk_weights, uintptr_t plan,
                                bool use_logfmt, uintptr_t out, uintptr_t wait_recv_cost_stats, int phase, uintptr_t s,
@@ -86,11 +98,31 @@ nb::object low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_t
   a.use_logfmt = use_logfmt;
   a.out = ptr<void>(out);
   a.wait_recv_cost_stats = ptr<int64_t>(wait_recv_cost_stats);
-  const LowLatencyPhase p = to_phase(phase, "low_latency_combine");
-  join_before(b, s, wait_for);
-  b.low_latency_combine(a, p, stream(s));
-  return recorded(ring, s);
+  return queue_combine(b, a, phase, s, wait_for, ring);
 }
+
+// The capsule's function (low_latency_entry.hpp).
+int entry_combine(PyObject* native, const LowLatencyCombineArgs* a, int phase, uintptr_t s, const uintptr_t* wait_for,
+                  PyObject* ring, PyObject** event) {
+  if (!nb::isinstance<Buffer>(nb::handle(native))) return 1;
+  EventRing* events = nullptr;
+  if (ring != Py_None) {
+    if (!nb::isinstance<EventRing>(nb::handle(ring))) return 1;
+    events = nb::inst_ptr<EventRing>(nb::handle(ring));
+  }
+  try {
+    *event = queue_combine(*nb::inst_ptr<Buffer>(nb::handle(native)), *a, phase, s,
+                           wait_for ? MaybeStream(*wait_for) : std::nullopt, events)
+                 .release()
+                 .ptr();
+    return 0;
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return -1;
+  }
+}
+
+const LowLatencyEntry kEntry = {sizeof(LowLatencyEntry), sizeof(LowLatencyCombineArgs), entry_combine};
 
 void clean_low_latency_buffer(Buffer& b, uintptr_t s, MaybeStream wait_for, MaybeStream join_to, uint64_t first_call) {
   join_before(b, s, wait_for);
@@ -164,6 +196,7 @@ void bind_low_latency(nb::module_& m, BufferClass& buffer) {
       .def_ro("use_fp8", &LowLatencyDispatchArgs::use_fp8)
       .def_ro("use_ue8m0", &LowLatencyDispatchArgs::use_ue8m0);
 
+  buffer.attr("low_latency_entry") = nb::capsule(&kEntry, kLowLatencyEntryName);
   buffer.def_prop_ro("num_low_latency_bytes", &Buffer::num_low_latency_bytes)
       .def("low_latency_dispatch", &low_latency_dispatch, "outputs"_a, "x"_a, "num_tokens"_a, "topk_idx"_a,
            "num_topk"_a, "topk_weights"_a, "round_scale"_a, "cumulative_local_expert_recv_stats"_a,

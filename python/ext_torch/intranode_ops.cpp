@@ -12,13 +12,13 @@
 #include <ATen/ATen.h>
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <climits>
 #include <cstdint>
 #include <vector>
 
 #include "intranode_entry.hpp"
+#include "plain_tensor.hpp"
 #include "torch_ext.hpp"
 
 namespace turnout::torch_ext {
@@ -29,22 +29,6 @@ using bindings::IntranodeEntry;
 
 const IntranodeEntry* g_entry = nullptr;
 
-// Exactly torch.Tensor, as the Python layer's `type(o) is torch.Tensor` (THPVariable_CheckExact
-// also takes a Parameter).
-bool is_tensor(PyObject* o) {
-  return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(THPVariableClass);
-}
-
-// `o` where it is a plain tensor: exactly torch.Tensor, of element type
-// `type`, `dim` dimensions, on device `index` (get_device()'s numbering, -1
-// the CPU) and contiguous; else null.
-const at::Tensor* plain(PyObject* o, at::ScalarType type, int64_t dim, int64_t index) {
-  if (!is_tensor(o)) return nullptr;
-  const at::Tensor& t = THPVariable_Unpack(o);
-  if (t.scalar_type() != type || t.dim() != dim || t.get_device() != index || !t.is_contiguous()) return nullptr;
-  return &t;
-}
-
 // `o` where it is exactly an int in [min, INT_MAX] (as `type(o) is int`: no bool).
 bool int_at_least(PyObject* o, long long min, int* out) {
   if (!PyLong_CheckExact(o)) return false;
@@ -53,15 +37,6 @@ bool int_at_least(PyObject* o, long long min, int* out) {
   if (overflow != 0 || v < min || v > INT_MAX) return false;
   *out = static_cast<int>(v);
   return true;
-}
-
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-template <typename T>
-T* address(const at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
 }
 
 // The call has its argument count and the entry is set; else the Python error says which not.

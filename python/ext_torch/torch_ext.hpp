@@ -48,4 +48,10 @@ PyObject* set_intranode_entry(PyObject*, PyObject* capsule);
 PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
+// low_latency_ops.cpp: set_low_latency_entry(capsule), once at import; then
+// low_latency_combine(...) -> (combined_x, event) of the combine it queued,
+// or None where the call is not the common case it takes.
+PyObject* set_low_latency_entry(PyObject*, PyObject* capsule);
+PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace turnout::torch_ext

@@ -1,9 +1,10 @@
 """``turnout._torch_ext``, the parts of the Python layer built against torch's
 C++ API (its outputs in one call into torch's allocator; the common intranode
-dispatch in one call), where it can be used: ``MODULE`` is the module, or
-None where it was not built (torch was not importable at build time), was
-built against another torch than the one running, or ``TURNOUT_TORCH_EXT=0``
-turns it off. Every caller has a pure-Python path for None."""
+dispatch and combine and the low-latency combine, each in one call), where it
+can be used: ``MODULE`` is the module, or None where it was not built (torch
+was not importable at build time), was built against another torch than the
+one running, or ``TURNOUT_TORCH_EXT=0`` turns it off. Every caller has a
+pure-Python path for None."""
 import os
 
 import torch
@@ -29,6 +30,7 @@ def _load():
     if tuple(getattr(_torch_ext, name) for name in TYPE_NAMES) != tuple(range(len(TYPES))):
         raise ImportError("turnout._torch_ext numbers its element types otherwise than turnout.torch_ext")
     _torch_ext.set_intranode_entry(_C.Buffer.intranode_entry)
+    _torch_ext.set_low_latency_entry(_C.Buffer.low_latency_entry)
     return _torch_ext
 
 

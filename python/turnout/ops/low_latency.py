@@ -26,6 +26,7 @@ import torch
 from .. import _C
 from ..checks import TOPK_IDX_DTYPE, check_int, check_tensor, fail, is_plain
 from ..event import EventOverlap
+from ..torch_ext import MODULE as _torch_ext
 from . import outputs as op_outputs
 from .context import OpContext
 from .streams import OpStreams, current_raw_stream, follow
@@ -46,6 +47,8 @@ _BF16_DTYPE = torch.bfloat16
 _F32_DTYPE = torch.float32
 _empty = op_outputs.empty
 _BF16_CODE = op_outputs.BF16
+# The combine in one call (turnout._torch_ext), where it is in use.
+_combine_in_one_call = None if _torch_ext is None else _torch_ext.low_latency_combine
 
 # The event of every call that is neither async_finish nor hooked: one shared
 # object holding nothing (making one is a measurable part of such a call's
@@ -70,7 +73,8 @@ class _OutputSet:
     generation (call number of its shape) whose results they hold."""
 
     __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "plan_ptr", "generation",
-                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape", "handle_entries")
+                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape", "combine_sizes",
+                 "handle_entries")
 
     def __init__(self, owner: object, num_max_tokens: int, hidden: int, num_experts: int, fmt: int, num_ranks: int,
                  device: torch.device) -> None:
@@ -104,6 +108,8 @@ class _OutputSet:
         # What combine checks and passes on every call, made once.
         self.expert_rows_shape = (local, rows, hidden)
         self.plan_ptr = self.plan.data_ptr()
+        # The same for the combine in one call (low_latency_ops.cpp's CombineSizes).
+        self.combine_sizes = (local, rows, hidden, num_max_tokens, num_experts, self.plan_ptr)
         # DeepEP's five handle entries of every dispatch into this set.
         self.handle_entries = (self.src_info, self.layout_range, num_max_tokens, hidden, num_experts)
 
@@ -385,32 +391,36 @@ def _launch_send(context: OpContext, state: LowLatencyState, op: str, launch, ar
     return _ReceiveHook(context, op, launch, args, tensors)
 
 
-def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple) -> EventOverlap:
-    """An async_finish op: on the communication stream, after the caller's
-    stream; the launch records the ring's next event after it."""
+def _async_streams(context: OpContext) -> tuple:
+    """The streams of an async_finish op, which runs on the communication
+    stream after the caller's: ``(caller, comm, tail)``, ``tail`` the buffer's
+    last stream before. The communication stream is the tail from now on,
+    after the last op's stream if that is neither (the launch itself makes it
+    wait for the caller's)."""
     caller = current_raw_stream(context.device_index)
     comm = context.comm_raw
     tail = context.tail
-    # The launch makes the communication stream wait for the caller's; the
-    # last op's stream too if it is neither.
     if tail is not None and tail != comm and tail != caller:
         context.native.follow(comm, tail)
     context.tail = comm
-    ring = state.ring
-    try:
-        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, ring)
-    except BaseException:
-        # A launch that raises may have queued work first: the caller's stream
-        # must not run ahead of it (nor free what it reads), and so follows
-        # every op before: it is the tail.
-        context.native.join(waiter=caller, waited=comm)
-        context.tail = caller
-        raise
+    return caller, comm, tail
+
+
+def _after_failed_launch(context: OpContext, caller: int) -> None:
+    """A launch that raises may have queued work first: the caller's stream
+    must not run ahead of it (nor free what it reads), and so follows every op
+    before: it is the tail."""
+    context.native.join(waiter=caller, waited=context.comm_raw)
+    context.tail = caller
+
+
+def _pending(context: OpContext, state: LowLatencyState, event, tensors: tuple, tail) -> EventOverlap:
+    """The EventOverlap of an async_finish op queued with the ring's ``event``."""
     # Inside a capture the graph's replays, not this queue, decide how long
     # the tensors are needed, and its events cannot be queried (the ring saw
     # whether its stream was capturing). Nor is a captured op a step of the
     # eager order: the tail stays the eager one.
-    if not ring.captured:
+    if not state.ring.captured:
         pending = state.pending
         if not len(pending) % RELEASE_EVERY:
             state.release_finished()
@@ -418,6 +428,37 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
     else:
         context.tail = tail
     return EventOverlap(event, tensors)
+
+
+def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple) -> EventOverlap:
+    """An async_finish op: on the communication stream, after the caller's
+    stream; the launch records the ring's next event after it."""
+    caller, comm, tail = _async_streams(context)
+    try:
+        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
+    except BaseException:
+        _after_failed_launch(context, caller)
+        raise
+    return _pending(context, state, event, tensors, tail)
+
+
+def _combine_async_in_one_call(context: OpContext, state: LowLatencyState, x, topk_idx, topk_weights, source,
+                               outputs: _OutputSet, num_tokens: int, num_topk: int, use_logfmt):
+    """An async_finish combine in one call: ``(combined_x, event, None)``, or
+    None where the call declined (nothing queued, the tail as it was)."""
+    caller, comm, tail = _async_streams(context)
+    try:
+        made = _combine_in_one_call(context.native, x, topk_idx, topk_weights, source, outputs.combine_sizes,
+                                    num_tokens, num_topk, use_logfmt, context.device_index, _SEND_AND_RECEIVE, comm,
+                                    caller, state.ring)
+    except BaseException:
+        _after_failed_launch(context, caller)
+        raise
+    if made is None:
+        context.tail = tail
+        return None
+    combined_x, event = made
+    return combined_x, _pending(context, state, event, (x, topk_idx, topk_weights, combined_x, None), tail), None
 
 
 def _check_handle(context: OpContext, op: str, handle) -> tuple:
@@ -462,6 +503,26 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
     if info is None or info[0].owner is not context.handle_owner or info[0].generation != info[1]:
         info = _check_handle(context, op, handle)
     outputs, _, num_tokens, num_topk, _, topk_shape = info
+    # The common case in one call, where it is in use: it makes the fast-path
+    # checks below and the output itself, and declines (None) what fails them.
+    if _combine_in_one_call is not None and out is None and combine_wait_recv_cost_stats is None and not (
+            return_recv_hook):
+        source = outputs.combine_buffer if zero_copy else x
+        if source is not None:
+            if async_finish:
+                made = _combine_async_in_one_call(context, state, x, topk_idx, topk_weights, source, outputs,
+                                                  num_tokens, num_topk, use_logfmt)
+                if made is not None:
+                    return made
+            else:
+                caller = current_raw_stream(index)
+                if context.tail != caller:
+                    follow(context, caller)
+                made = _combine_in_one_call(context.native, x, topk_idx, topk_weights, source, outputs.combine_sizes,
+                                            num_tokens, num_topk, use_logfmt, index, _SEND_AND_RECEIVE, caller, None,
+                                            None)
+                if made is not None:
+                    return made[0], _NO_EVENT, None
     _, _, max_tokens, hidden, num_experts = handle
     if not (type(x) is _Tensor and type(topk_idx) is _Tensor and type(topk_weights) is _Tensor
             and x.dtype == _BF16_DTYPE and topk_idx.dtype == TOPK_IDX_DTYPE and topk_weights.dtype == _F32_DTYPE

@@ -1,0 +1,251 @@
+"""The low-latency combine in one call (turnout._torch_ext's
+low_latency_combine), without a GPU: CPU tensors stand for the buffer's device
+(index -1, their get_device()), and a recording entry, built with ctypes as a
+mirror of python/ext/low_latency_entry.hpp, stands for _C's launch. The call
+hands the entry the tensors it was given and the output it returns; every
+call that fails a fast-path check is declined before the entry is reached;
+and the op takes this path only where it may, with the streams and pending
+calls of the Python path."""
+import pytest
+import torch
+
+from low_latency_entry_mirror import Entry, Recorder, capsule, install, sizes
+from low_latency_standin import (
+    CALLER_STREAM,
+    COMM_STREAM,
+    E,
+    FakeRing,
+    H,
+    K,
+    M,
+    R,
+    T,
+    combine,
+    dispatch,
+    expert_rows,
+    inputs,
+    make_context,
+    patch_streams,
+)
+from turnout import _C, torch_ext
+from turnout.ops import low_latency as ll
+
+MODULE = torch_ext.MODULE
+pytestmark = pytest.mark.skipif(MODULE is None, reason="turnout._torch_ext is not in use here (not built against "
+                                "this torch, or turned off)")
+
+FAST = -1  # the device index of CPU tensors
+L, ROWS, PLAN = E // R, M * R, 0x7000
+BOTH = _C.LOW_LATENCY_SEND_AND_RECEIVE
+
+
+@pytest.fixture
+def recorder():
+    rec = Recorder()
+    alive = install(MODULE, rec)
+    yield rec
+    MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
+    del alive
+
+
+@pytest.fixture(autouse=True)
+def caller_stream(monkeypatch):
+    return patch_streams(monkeypatch)
+
+
+class Call:
+    """A common call's arguments, each replaceable."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(L, ROWS, H, generator=g).bfloat16()
+        self.args = dict(native=object(), x=x, topk_idx=torch.randint(-1, E, (T, K), generator=g),
+                         topk_weights=torch.rand(T, K, generator=g), source=x, sizes=(L, ROWS, H, M, E, PLAN),
+                         num_tokens=T, num_topk=K, use_logfmt=False, device_index=FAST, phase=BOTH,
+                         stream=CALLER_STREAM, wait_for=None, ring=None)
+
+    def __call__(self, **changes):
+        return MODULE.low_latency_combine(*dict(self.args, **changes).values())
+
+
+def test_the_build_has_the_entry_of_its_own_c_module():
+    assert MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry) is None
+
+
+def test_an_entry_of_another_build_or_name_is_refused(recorder):
+    for field in ("entry_size", "combine_size"):
+        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), combine=recorder.fn)
+        made, _ = capsule(other)
+        with pytest.raises(ImportError, match="different builds"):
+            MODULE.set_low_latency_entry(made)
+    made, _ = capsule(recorder.entry, b"another.capsule")
+    with pytest.raises(ValueError):
+        MODULE.set_low_latency_entry(made)
+
+
+@pytest.mark.parametrize("use_logfmt", [False, True], ids=["bf16", "logfmt"])
+def test_the_common_call_hands_the_entry_what_it_returns(recorder, use_logfmt):
+    call = Call()
+    a = call.args
+    combined_x, event = call(use_logfmt=use_logfmt)
+    assert event is None and combined_x.dtype == torch.bfloat16 and tuple(combined_x.shape) == (T, H)
+    got, = recorder.calls
+    assert got["native"] is a["native"] and (got["phase"], got["stream"], got["wait_for"]) == (BOTH, CALLER_STREAM,
+                                                                                                None)
+    assert got["ring"] is None
+    assert got["args"] == {"x": a["x"].data_ptr(), "topk_idx": a["topk_idx"].data_ptr(),
+                           "topk_weights": a["topk_weights"].data_ptr(), "num_tokens": T, "num_topk": K, "hidden": H,
+                           "num_max_tokens": M, "num_experts": E, "plan": PLAN, "use_logfmt": use_logfmt,
+                           "out": combined_x.data_ptr(), "wait_recv_cost_stats": None}
+
+
+def test_an_async_call_gets_the_rings_event_and_sends_from_the_source(recorder):
+    call, ring = Call(), FakeRing()
+    source = torch.zeros(L, ROWS, H, dtype=torch.bfloat16)
+    combined_x, event = call(source=source, stream=COMM_STREAM, wait_for=CALLER_STREAM, ring=ring,
+                             phase=_C.LOW_LATENCY_SEND)
+    assert event is ring.events[0] and ring.records == [(event, COMM_STREAM)]
+    got, = recorder.calls
+    assert (got["phase"], got["stream"], got["wait_for"], got["ring"]) == (_C.LOW_LATENCY_SEND, COMM_STREAM,
+                                                                           CALLER_STREAM, ring)
+    assert got["args"]["x"] == source.data_ptr() and got["args"]["out"] == combined_x.data_ptr()
+
+
+def not_contiguous(t):
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def misaligned_rows():
+    flat = torch.zeros(L * ROWS * H + 1, dtype=torch.bfloat16)
+    return flat[1:].view(L, ROWS, H)
+
+
+def narrower(call, **changes):
+    """The call with rows 8 channels narrower, its sizes to match, and ``changes``."""
+    x = call.args["x"][..., :H - 8].contiguous()
+    return dict(x=x, source=x, sizes=(L, ROWS, H - 8, M, E, PLAN), **changes)
+
+
+DECLINED = {
+    "x float32": lambda c: dict(x=c.args["x"].float()),
+    "x of another hidden": lambda c: dict(x=c.args["x"][..., :H - 8].contiguous()),
+    "x of fewer rows": lambda c: dict(x=c.args["x"][:, :ROWS - 1].contiguous()),
+    "x of another expert count": lambda c: dict(x=c.args["x"][:L - 1].contiguous()),
+    "x 2-D": lambda c: dict(x=c.args["x"].view(L * ROWS, H)),
+    "x not contiguous": lambda c: dict(x=not_contiguous(c.args["x"])),
+    "x a Parameter": lambda c: dict(x=torch.nn.Parameter(c.args["x"], requires_grad=False)),
+    "x a tuple": lambda c: dict(x=(c.args["x"],)),
+    "source of another shape": lambda c: dict(source=c.args["x"][:, :ROWS - 1].contiguous()),
+    "source float32": lambda c: dict(source=c.args["x"].float()),
+    "source misaligned": lambda c: dict(source=misaligned_rows()),
+    "source None": lambda c: dict(source=None),
+    "topk_idx int32": lambda c: dict(topk_idx=c.args["topk_idx"].int()),
+    "topk_idx of another token count": lambda c: dict(topk_idx=c.args["topk_idx"][:T - 1].contiguous()),
+    "topk_idx of no column": lambda c: dict(topk_idx=c.args["topk_idx"][:, :0].contiguous(), num_topk=0),
+    "topk_weights float64": lambda c: dict(topk_weights=c.args["topk_weights"].double()),
+    "topk_weights of another shape": lambda c: dict(topk_weights=c.args["topk_weights"][:, :K - 1].contiguous()),
+    "topk_weights not contiguous": lambda c: dict(topk_weights=not_contiguous(c.args["topk_weights"])),
+    "another device index": lambda c: dict(device_index=0),
+    "use_logfmt 1, not a bool": lambda c: dict(use_logfmt=1),
+    "use_logfmt with hidden not in groups of 128": lambda c: narrower(c, use_logfmt=True),
+    "num_tokens negative": lambda c: dict(num_tokens=-1),
+}
+
+
+def test_narrower_rows_alone_are_taken(recorder):
+    """What the logfmt case declines for is the width: 8-channel rows alone pass."""
+    call = Call()
+    assert call(**narrower(call)) is not None and recorder.calls[-1]["args"]["hidden"] == H - 8
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED))
+def test_a_call_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
+    call = Call()
+    assert call(**DECLINED[case](call)) is None
+    assert recorder.calls == []
+
+
+def test_an_entry_that_does_not_take_the_buffer_gives_none(recorder):
+    recorder.code = 1
+    assert Call()() is None and len(recorder.calls) == 1
+
+
+def test_the_c_entry_does_not_take_what_is_not_its_buffer():
+    MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
+    assert Call()() is None
+
+
+def test_bad_sizes_are_a_type_error(recorder):
+    with pytest.raises(TypeError, match="sizes"):
+        Call()(sizes=[L, ROWS, H, M, E, PLAN])
+    assert recorder.calls == []
+
+
+def launched_by_native(context):
+    return [name for name, _ in context.native.calls if name == "low_latency_combine"]
+
+
+def test_the_op_combines_in_one_call_where_it_may(recorder):
+    context = make_context(device_index=FAST)
+    state, ring = context.low_latency, context.low_latency.ring
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    y, weights = expert_rows(context), torch.rand(T, K)
+    combined_x, event, hook = combine(context, y, topk_idx, weights, handle)
+    assert event.event is None and hook is None and not launched_by_native(context)
+    got = recorder.calls[-1]
+    assert got["native"] is context.native and (got["stream"], got["wait_for"], got["ring"]) == (CALLER_STREAM, None,
+                                                                                                 None)
+    assert got["args"]["x"] == y.data_ptr() and got["args"]["out"] == combined_x.data_ptr()
+    assert got["args"]["plan"] == handle.plan.data_ptr() and got["phase"] == BOTH
+
+    # async_finish: on the comm stream after the caller's, the ring's event, the call pending.
+    combined_x, event, hook = combine(context, y, topk_idx, weights, handle, async_finish=True)
+    got = recorder.calls[-1]
+    assert (got["stream"], got["wait_for"], got["ring"]) == (COMM_STREAM, CALLER_STREAM, ring)
+    assert event.event is ring.events[0] and hook is None and context.tail == COMM_STREAM
+    (pending_event, tensors), = state.pending
+    assert pending_event is ring.events[0] and event.extra_tensors is tensors
+    assert tensors[0] is y and any(t is combined_x for t in tensors), "the output must live until its event"
+
+    # Zero copy: the rows go from the combine buffer; a plain call after the async one follows it first.
+    buffer = ll.get_next_combine_buffer(context, handle)
+    combine(context, y, topk_idx, weights, handle, zero_copy=True)
+    assert recorder.calls[-1]["args"]["x"] == buffer.data_ptr() and recorder.calls[-1]["stream"] == CALLER_STREAM
+    assert ("follow", {"waiter": CALLER_STREAM, "waited": COMM_STREAM}) in context.native.calls
+    assert len(recorder.calls) == 3 and not launched_by_native(context)
+
+    # Not the common case: out, wait stats, a hook: the Python path.
+    combine(context, y, topk_idx, weights, handle, out=torch.empty(T, H, dtype=torch.bfloat16))
+    combine(context, y, topk_idx, weights, handle, wait=torch.zeros(R, dtype=torch.int64))
+    combine(context, y, topk_idx, weights, handle, return_recv_hook=True)
+    assert len(recorder.calls) == 3 and len(launched_by_native(context)) == 3
+
+
+@pytest.mark.parametrize("async_finish", [False, True], ids=["plain", "async"])
+def test_a_declined_call_takes_the_python_path_which_names_what_is_wrong(recorder, async_finish):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    tail = context.tail
+    with pytest.raises(TypeError, match="topk_weights"):
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K).double(), handle, async_finish=async_finish)
+    assert recorder.calls == [] and not launched_by_native(context)
+    assert context.tail == tail and not context.low_latency.pending
+
+
+def test_an_async_one_call_that_raises_joins_the_callers_stream_back(monkeypatch):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    calls = []
+
+    def raises(*args):
+        calls.append(args)
+        raise RuntimeError("raised after the launch")
+
+    monkeypatch.setattr(ll, "_combine_in_one_call", raises)
+    with pytest.raises(RuntimeError, match="raised after the launch"):
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle, async_finish=True)
+    assert len(calls) == 1 and context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
+    assert context.tail == CALLER_STREAM and not context.low_latency.pending
