@@ -5,7 +5,8 @@ top-k 1 / 8 / 9, 8 / 64 / 288 experts, BF16 / FP8 / FP8 with round_scale /
 FP8 with UE8M0 scales. Dispatch is compared bitwise in canonical order;
 combine (default and pre-reduced, with and without use_logfmt, zero_copy and
 out=) within the tolerance stated in low_latency_cases; combine is bitwise
-repeatable; normal and low-latency calls share one Buffer."""
+repeatable and gives the same bits in one call (turnout._torch_ext) as
+through the Python path; normal and low-latency calls share one Buffer."""
 import itertools
 
 import torch
@@ -30,6 +31,8 @@ from low_latency_cases import (
     size_hint,
     world,
 )
+from turnout import torch_ext
+from turnout.ops import low_latency as ops_low_latency
 
 # E * M * H stays small enough that every shape's two output sets (and combine
 # buffers) of 8 ranks fit one GPU at once: a Buffer keeps them per shape.
@@ -131,6 +134,57 @@ def test_combine_options(ctx):
 
 
 test_combine_options.timeout = 300
+
+
+def test_combine_in_one_call_gives_the_python_paths_bits(ctx):
+    """Where turnout._torch_ext is in use, a combine without out=, hook or
+    stats goes through its one call (plain and async_finish, with and without
+    use_logfmt and zero_copy) and gives bitwise what the Python path gives."""
+    if torch_ext.MODULE is None:
+        ctx.skip("turnout._torch_ext is not in use here (not built against this torch, or turned off)")
+    case = LLCase("uniform", 48, 64, 7168, 8, 64, "bf16")
+    n, g = world(ctx)
+    if case.unfit(n):
+        ctx.skip(f"{case}: {case.unfit(n)}")
+    dev, me = ctx.device, ctx.rank
+    one_call = ops_low_latency._combine_in_one_call
+    taken = []
+
+    def counted(*args):
+        made = one_call(*args)
+        taken.append(made is not None)
+        return made
+
+    with ctx.buffer(g, num_rdma_bytes=size_hint([case], n), low_latency_mode=True) as buf:
+        inputs = [inputs_of(case, n, r) for r in range(n)]
+        mine = MyRows(reference_dispatch(case, n, inputs), me, inputs[me].x)
+        out = dispatch(buf, case, inputs[me], dev)
+        torch.cuda.synchronize()
+        y = expert_outputs(canonical(out[2], out[1], f"n={n}"), all_x(inputs, case), case, n, me, dev)
+        topk_idx, weights = inputs[me].topk_idx.to(dev), inputs[me].topk_weights.to(dev)
+        for logfmt, zero_copy, async_finish in itertools.product((False, True), repeat=3):
+            what = f"n={n} logfmt {logfmt} zero_copy {zero_copy} async_finish {async_finish}"
+            results = []
+            for path in (counted, None):
+                ops_low_latency._combine_in_one_call = path
+                try:
+                    combined, event, _ = combine_call(buf, y, out[2], topk_idx, weights, zero_copy=zero_copy,
+                                                      use_logfmt=logfmt, async_finish=async_finish)
+                    if async_finish:
+                        event.current_stream_wait()
+                    torch.cuda.synchronize()
+                finally:
+                    ops_low_latency._combine_in_one_call = one_call
+                results.append(combined.clone())
+            assert taken == [True], f"{what}: the one call took {taken} of one combine"
+            taken.clear()
+            check_combine(results[0], mine, inputs[me].topk_idx, inputs[me].topk_weights, case, n, what,
+                          logfmt=logfmt)
+            assert_equal(results[0].view(torch.int16), results[1].view(torch.int16),
+                         f"{what}: the one call and the Python path")
+
+
+test_combine_in_one_call_gives_the_python_paths_bits.timeout = 300
 
 
 def test_same_inputs_give_same_bits(ctx):
