@@ -191,23 +191,33 @@ def modes(buffer: Buffer):
     def one_call(make, mirror=intranode_entry_mirror):
         # turnout._torch_ext's one-call path with a ctypes entry (mirror's)
         # that queues nothing (its callback from C into Python is part of the
-        # figure).
+        # figure), from the calls `make` makes first (a hook's send) to the
+        # end of the timed run.
         def made(n):
-            run = make(n)
+            entry = mirror.Recorder(keep=False)
+            alive = mirror.install(torch_ext.MODULE, entry)
+            try:
+                run = make(n)
+            except BaseException:
+                restore_entries()
+                raise
+            before = entry.count
 
             def through_entry():
-                entry = mirror.Recorder(keep=False)
-                alive = mirror.install(torch_ext.MODULE, entry)
+                nonlocal alive
                 try:
                     run()
                 finally:
-                    torch_ext.MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
-                    torch_ext.MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
-                del alive
-                if entry.count != n:
-                    raise RuntimeError(f"the one-call path took {entry.count} of {n} calls")
+                    restore_entries()
+                    alive = None
+                if entry.count - before != n:
+                    raise RuntimeError(f"the one-call path took {entry.count - before} of {n} calls")
             return through_entry
         return made
+
+    def restore_entries():
+        torch_ext.MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
+        torch_ext.MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
 
     def cached_dispatch(n):
         handle = normal_dispatch()[4]
@@ -221,7 +231,9 @@ def modes(buffer: Buffer):
         ("combine BF16, with weights, one call", one_call(normal_combine))]
     low_latency_one_call_modes = [] if torch_ext.MODULE is None else [
         ("low_latency_combine BF16, one call", one_call(combine_loop(), low_latency_entry_mirror)),
-        ("low_latency_combine BF16, async_finish, one call", one_call(async_combine, low_latency_entry_mirror))]
+        ("low_latency_combine BF16, async_finish, one call", one_call(async_combine, low_latency_entry_mirror)),
+        ("low_latency_combine BF16, hook send, one call", one_call(combine_sends, low_latency_entry_mirror)),
+        ("low_latency_combine BF16, hook(), one call", one_call(combine_hooks, low_latency_entry_mirror))]
     return [
         ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
         ("dispatch BF16, num_worst_tokens", python_path(worst_bf16)),
@@ -239,9 +251,9 @@ def modes(buffer: Buffer):
         ("low_latency_dispatch FP8, hook()", hooks(lambda: dispatch(return_recv_hook=True)[4])),
         ("low_latency_combine BF16", python_path(combine_loop())),
         ("low_latency_combine BF16, async_finish", python_path(async_combine)),
+        ("low_latency_combine BF16, hook send", python_path(combine_sends)),
+        ("low_latency_combine BF16, hook()", python_path(combine_hooks)),
         *low_latency_one_call_modes,
-        ("low_latency_combine BF16, hook send", combine_sends),
-        ("low_latency_combine BF16, hook()", combine_hooks),
     ]
 
 

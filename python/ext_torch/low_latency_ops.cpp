@@ -1,6 +1,7 @@
 // The low-latency combine in one call: the Python layer's fast-path checks
-// of x, topk_idx and topk_weights (python/turnout/ops/low_latency.py), the
-// output from torch's allocator and the launch through _C's capsule
+// of x, topk_idx, topk_weights, out and the wait stats
+// (python/turnout/ops/low_latency.py), the output from torch's allocator
+// where none was given, and the launch through _C's capsule
 // (low_latency_entry.hpp). The Python layer has checked the handle and picked
 // the streams; a call that fails a check is declined (None) before anything
 // is allocated or queued, and the Python layer then takes it and names what
@@ -61,16 +62,17 @@ PyObject* set_low_latency_entry(PyObject*, PyObject* capsule) {
 }
 
 // low_latency_combine(native, x, topk_idx, topk_weights, source, sizes,
-// num_tokens, num_topk, use_logfmt, device_index, phase, stream, wait_for,
-// ring): (combined_x, event), or None where the call is not one this path
-// takes. `source` is the tensor whose rows go out (x, or the combine buffer
-// of a zero-copy call); `sizes` the output set's (L, M*R, hidden, M,
-// num_experts, plan address); `wait_for` a stream or None; `ring` the
-// buffer's event ring or None (event then None).
+// num_tokens, num_topk, use_logfmt, device_index, out, wait_stats, phase,
+// stream, wait_for, ring): (combined_x, event), or None where the call is not
+// one this path takes. `source` is the tensor whose rows go out (x, or the
+// combine buffer of a zero-copy call); `sizes` the output set's (L, M*R,
+// hidden, M, num_experts, plan address); `out` the output (None: a new
+// tensor); `wait_stats` combine_wait_recv_cost_stats or None; `wait_for` a
+// stream or None; `ring` the buffer's event ring or None (event then None).
 PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 14) {
-    PyErr_Format(PyExc_TypeError, "low_latency_combine: 14 arguments, got %zd", nargs);
+  if (nargs != 16) {
+    PyErr_Format(PyExc_TypeError, "low_latency_combine: 16 arguments, got %zd", nargs);
     return nullptr;
   }
   if (g_entry == nullptr) {
@@ -82,10 +84,10 @@ PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs
   const long long num_tokens = PyLong_AsLongLong(args[6]);
   const long long num_topk = PyLong_AsLongLong(args[7]);
   const long index = PyLong_AsLong(args[9]);
-  const long phase = PyLong_AsLong(args[10]);
-  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[11]));
+  const long phase = PyLong_AsLong(args[12]);
+  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[13]));
   uintptr_t wait_for = 0;
-  if (args[12] != Py_None) wait_for = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[12]));
+  if (args[14] != Py_None) wait_for = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[14]));
   if (PyErr_Occurred()) return nullptr;
   PyObject* use_logfmt = args[8];
   if (use_logfmt != Py_True && use_logfmt != Py_False) Py_RETURN_NONE;
@@ -102,9 +104,21 @@ PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs
       !same_sizes(*source, sizes) || !aligned16(*source) || topk_idx->size(0) != num_tokens ||
       topk_idx->size(1) != num_topk || topk_weights->sizes() != topk_idx->sizes())
     Py_RETURN_NONE;
+  PyObject* out = args[10];
+  const at::Tensor* given = out != Py_None ? plain(out, at::kBFloat16, 2, index) : nullptr;
+  if (out != Py_None &&
+      (given == nullptr || given->size(0) != num_tokens || given->size(1) != sizes.hidden || !aligned16(*given)))
+    Py_RETURN_NONE;
+  const at::Tensor* wait_stats = args[11] != Py_None ? plain(args[11], at::kLong, 1, index) : nullptr;
+  if (args[11] != Py_None && (wait_stats == nullptr || sizes.num_max_tokens < 1 ||
+                              wait_stats->size(0) * sizes.num_max_tokens != sizes.num_rows))
+    Py_RETURN_NONE;
 
-  const OutputSpec spec{at::kBFloat16, num_tokens, sizes.hidden};
-  at::Tensor combined_x = make_outputs(at::TensorOptions().device(x->device()), &spec, 1, 1)[0];
+  at::Tensor made;
+  if (given == nullptr) {
+    const OutputSpec spec{at::kBFloat16, num_tokens, sizes.hidden};
+    made = make_outputs(at::TensorOptions().device(x->device()), &spec, 1, 1)[0];
+  }
 
   LowLatencyCombineArgs a;
   a.x = source->data_ptr();
@@ -117,23 +131,25 @@ PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs
   a.num_experts = static_cast<int>(sizes.num_experts);
   a.plan = reinterpret_cast<const void*>(sizes.plan);
   a.use_logfmt = use_logfmt == Py_True;
-  a.out = combined_x.data_ptr();
+  a.out = given != nullptr ? given->data_ptr() : made.data_ptr();
+  a.wait_recv_cost_stats = wait_stats != nullptr ? address<int64_t>(*wait_stats) : nullptr;
 
   PyObject* event = nullptr;
   const int queued = g_entry->combine(args[0], &a, static_cast<int>(phase), stream,
-                                      args[12] != Py_None ? &wait_for : nullptr, args[13], &event);
+                                      args[14] != Py_None ? &wait_for : nullptr, args[15], &event);
   if (queued < 0) return nullptr;
   if (queued > 0) Py_RETURN_NONE;
-  PyObject* out = PyTuple_New(2);
-  PyObject* wrapped = out != nullptr ? THPVariable_Wrap(std::move(combined_x)) : nullptr;
-  if (wrapped == nullptr) {
-    Py_XDECREF(out);
+  // The output as a Python object: `out` itself where it was given.
+  PyObject* combined_x = given != nullptr ? Py_NewRef(out) : THPVariable_Wrap(std::move(made));
+  PyObject* result = combined_x != nullptr ? PyTuple_New(2) : nullptr;
+  if (result == nullptr) {
+    Py_XDECREF(combined_x);
     Py_DECREF(event);
     return nullptr;
   }
-  PyTuple_SET_ITEM(out, 0, wrapped);
-  PyTuple_SET_ITEM(out, 1, event);
-  return out;
+  PyTuple_SET_ITEM(result, 0, combined_x);
+  PyTuple_SET_ITEM(result, 1, event);
+  return result;
   END_HANDLE_TH_ERRORS
 }
 

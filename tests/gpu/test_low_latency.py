@@ -137,9 +137,10 @@ test_combine_options.timeout = 300
 
 
 def test_combine_in_one_call_gives_the_python_paths_bits(ctx):
-    """Where turnout._torch_ext is in use, a combine without out=, hook or
-    stats goes through its one call (plain and async_finish, with and without
-    use_logfmt and zero_copy) and gives bitwise what the Python path gives."""
+    """Where turnout._torch_ext is in use, every combine but an async_finish
+    one with a hook (refused) goes through its one call (plain, async_finish
+    and a hook's send and receive; with and without use_logfmt, zero_copy and
+    out=) and gives bitwise what the Python path gives."""
     if torch_ext.MODULE is None:
         ctx.skip("turnout._torch_ext is not in use here (not built against this torch, or turned off)")
     case = LLCase("uniform", 48, 64, 7168, 8, 64, "bf16")
@@ -162,21 +163,26 @@ def test_combine_in_one_call_gives_the_python_paths_bits(ctx):
         torch.cuda.synchronize()
         y = expert_outputs(canonical(out[2], out[1], f"n={n}"), all_x(inputs, case), case, n, me, dev)
         topk_idx, weights = inputs[me].topk_idx.to(dev), inputs[me].topk_weights.to(dev)
-        for logfmt, zero_copy, async_finish in itertools.product((False, True), repeat=3):
-            what = f"n={n} logfmt {logfmt} zero_copy {zero_copy} async_finish {async_finish}"
+        for logfmt, zero_copy, use_out, mode in itertools.product((False, True), (False, True), (False, True),
+                                                                  ("plain", "async_finish", "hook")):
+            what = f"n={n} logfmt {logfmt} zero_copy {zero_copy} out {use_out} {mode}"
             results = []
             for path in (counted, None):
                 ops_low_latency._combine_in_one_call = path
                 try:
-                    combined, event, _ = combine_call(buf, y, out[2], topk_idx, weights, zero_copy=zero_copy,
-                                                      use_logfmt=logfmt, async_finish=async_finish)
-                    if async_finish:
+                    combined, event, hook = combine_call(
+                        buf, y, out[2], topk_idx, weights, zero_copy=zero_copy, use_out=use_out, use_logfmt=logfmt,
+                        async_finish=mode == "async_finish", return_recv_hook=mode == "hook")
+                    if mode == "async_finish":
                         event.current_stream_wait()
+                    if mode == "hook":
+                        hook()
                     torch.cuda.synchronize()
                 finally:
                     ops_low_latency._combine_in_one_call = one_call
                 results.append(combined.clone())
-            assert taken == [True], f"{what}: the one call took {taken} of one combine"
+            want = [True, True] if mode == "hook" else [True]
+            assert taken == want, f"{what}: the one call took {taken}, expected {want}"
             taken.clear()
             check_combine(results[0], mine, inputs[me].topk_idx, inputs[me].topk_weights, case, n, what,
                           logfmt=logfmt)

@@ -61,8 +61,8 @@ class Call:
         x = torch.randn(L, ROWS, H, generator=g).bfloat16()
         self.args = dict(native=object(), x=x, topk_idx=torch.randint(-1, E, (T, K), generator=g),
                          topk_weights=torch.rand(T, K, generator=g), source=x, sizes=(L, ROWS, H, M, E, PLAN),
-                         num_tokens=T, num_topk=K, use_logfmt=False, device_index=FAST, phase=BOTH,
-                         stream=CALLER_STREAM, wait_for=None, ring=None)
+                         num_tokens=T, num_topk=K, use_logfmt=False, device_index=FAST, out=None, wait_stats=None,
+                         phase=BOTH, stream=CALLER_STREAM, wait_for=None, ring=None)
 
     def __call__(self, **changes):
         return MODULE.low_latency_combine(*dict(self.args, **changes).values())
@@ -111,6 +111,15 @@ def test_an_async_call_gets_the_rings_event_and_sends_from_the_source(recorder):
     assert got["args"]["x"] == source.data_ptr() and got["args"]["out"] == combined_x.data_ptr()
 
 
+def test_a_given_out_is_returned_itself_and_the_stats_are_passed(recorder):
+    call = Call()
+    out, stats = torch.empty(T, H, dtype=torch.bfloat16), torch.zeros(R, dtype=torch.int64)
+    combined_x, _ = call(out=out, wait_stats=stats)
+    assert combined_x is out
+    args = recorder.calls[-1]["args"]
+    assert args["out"] == out.data_ptr() and args["wait_recv_cost_stats"] == stats.data_ptr()
+
+
 def not_contiguous(t):
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
@@ -149,6 +158,15 @@ DECLINED = {
     "use_logfmt 1, not a bool": lambda c: dict(use_logfmt=1),
     "use_logfmt with hidden not in groups of 128": lambda c: narrower(c, use_logfmt=True),
     "num_tokens negative": lambda c: dict(num_tokens=-1),
+    "out float32": lambda c: dict(out=torch.empty(T, H)),
+    "out of another token count": lambda c: dict(out=torch.empty(T + 1, H, dtype=torch.bfloat16)),
+    "out of another hidden": lambda c: dict(out=torch.empty(T, H - 8, dtype=torch.bfloat16)),
+    "out not contiguous": lambda c: dict(out=not_contiguous(torch.empty(T, H, dtype=torch.bfloat16))),
+    "out misaligned": lambda c: dict(out=torch.empty(T * H + 1, dtype=torch.bfloat16)[1:].view(T, H)),
+    "out a list": lambda c: dict(out=[]),
+    "wait stats int32": lambda c: dict(wait_stats=torch.zeros(R, dtype=torch.int32)),
+    "wait stats of another rank count": lambda c: dict(wait_stats=torch.zeros(R + 1, dtype=torch.int64)),
+    "wait stats 2-D": lambda c: dict(wait_stats=torch.zeros(1, R, dtype=torch.int64)),
 }
 
 
@@ -185,7 +203,7 @@ def launched_by_native(context):
     return [name for name, _ in context.native.calls if name == "low_latency_combine"]
 
 
-def test_the_op_combines_in_one_call_where_it_may(recorder):
+def test_the_op_combines_in_one_call_where_it_may(recorder, caller_stream):
     context = make_context(device_index=FAST)
     state, ring = context.low_latency, context.low_latency.ring
     x, topk_idx = inputs()
@@ -215,11 +233,38 @@ def test_the_op_combines_in_one_call_where_it_may(recorder):
     assert ("follow", {"waiter": CALLER_STREAM, "waited": COMM_STREAM}) in context.native.calls
     assert len(recorder.calls) == 3 and not launched_by_native(context)
 
-    # Not the common case: out, wait stats, a hook: the Python path.
-    combine(context, y, topk_idx, weights, handle, out=torch.empty(T, H, dtype=torch.bfloat16))
-    combine(context, y, topk_idx, weights, handle, wait=torch.zeros(R, dtype=torch.int64))
-    combine(context, y, topk_idx, weights, handle, return_recv_hook=True)
-    assert len(recorder.calls) == 3 and len(launched_by_native(context)) == 3
+    # out= and the wait stats: one call too.
+    out, stats = torch.empty(T, H, dtype=torch.bfloat16), torch.zeros(R, dtype=torch.int64)
+    assert combine(context, y, topk_idx, weights, handle, out=out, wait=stats)[0] is out
+    args = recorder.calls[-1]["args"]
+    assert args["out"] == out.data_ptr() and args["wait_recv_cost_stats"] == stats.data_ptr()
+
+    # A hook: the send in one call on the caller's stream, then the receive on the stream current at hook().
+    combined_x, event, hook = combine(context, y, topk_idx, weights, handle, return_recv_hook=True)
+    send = recorder.calls[-1]
+    assert (send["phase"], send["stream"], send["args"]["out"]) == (_C.LOW_LATENCY_SEND, CALLER_STREAM,
+                                                                    combined_x.data_ptr())
+    assert event.event is None and len(recorder.calls) == 5
+    caller_stream[0] = 0x4000
+    hook()
+    receive = recorder.calls[-1]
+    assert (receive["phase"], receive["stream"], receive["wait_for"]) == (_C.LOW_LATENCY_RECEIVE, 0x4000, None)
+    assert receive["args"] == send["args"], "the receive writes the send's output, from the same inputs"
+    with pytest.raises(RuntimeError, match="already called"):
+        hook()
+    assert len(recorder.calls) == 6 and not launched_by_native(context)
+
+
+def test_a_hooks_receive_that_is_declined_raises(recorder):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    handle = dispatch(context, x, topk_idx)[2]
+    y = expert_rows(context)
+    hook = combine(context, y, topk_idx, torch.rand(T, K), handle, return_recv_hook=True)[2]
+    y.resize_(1, 1, H)
+    with pytest.raises(RuntimeError, match="hook's receive was declined"):
+        hook()
+    assert [c["phase"] for c in recorder.calls] == [_C.LOW_LATENCY_SEND]
 
 
 @pytest.mark.parametrize("async_finish", [False, True], ids=["plain", "async"])

@@ -442,15 +442,12 @@ def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tupl
     return _pending(context, state, event, tensors, tail)
 
 
-def _combine_async_in_one_call(context: OpContext, state: LowLatencyState, x, topk_idx, topk_weights, source,
-                               outputs: _OutputSet, num_tokens: int, num_topk: int, use_logfmt):
+def _combine_async_in_one_call(context: OpContext, state: LowLatencyState, args: tuple):
     """An async_finish combine in one call: ``(combined_x, event, None)``, or
     None where the call declined (nothing queued, the tail as it was)."""
     caller, comm, tail = _async_streams(context)
     try:
-        made = _combine_in_one_call(context.native, x, topk_idx, topk_weights, source, outputs.combine_sizes,
-                                    num_tokens, num_topk, use_logfmt, context.device_index, _SEND_AND_RECEIVE, comm,
-                                    caller, state.ring)
+        made = _combine_in_one_call(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
     except BaseException:
         _after_failed_launch(context, caller)
         raise
@@ -458,7 +455,30 @@ def _combine_async_in_one_call(context: OpContext, state: LowLatencyState, x, to
         context.tail = tail
         return None
     combined_x, event = made
-    return combined_x, _pending(context, state, event, (x, topk_idx, topk_weights, combined_x, None), tail), None
+    x, topk_idx, topk_weights = args[1:4]
+    return combined_x, _pending(context, state, event, (x, topk_idx, topk_weights, combined_x, args[11]), tail), None
+
+
+def _combine_send_in_one_call(context: OpContext, op: str, args: tuple):
+    """The send of a return_recv_hook combine in one call: ``(combined_x,
+    event, hook)``, the hook's receive one call too; or None where the call
+    declined (nothing queued)."""
+    made = _combine_in_one_call(*args, _SEND, _caller_after_tail(context), None, None)
+    if made is None:
+        return None
+    combined_x = made[0]
+    # The receive gets the send's output as its out=, so it makes none.
+    receive_args = args[:10] + (combined_x,) + args[11:]
+    tensors = (*args[1:4], combined_x, args[11])
+    return combined_x, _NO_EVENT, _ReceiveHook(context, op, _combine_receive_in_one_call, receive_args, tensors)
+
+
+def _combine_receive_in_one_call(*args) -> None:
+    # Takes what its send took, unless a tensor changed in between (resized,
+    # say): that receive must not be dropped, its peers would wait for it.
+    if _combine_in_one_call(*args) is None:
+        raise RuntimeError("low_latency_combine: the hook's receive was declined: one of the call's tensors changed "
+                           "shape, type or place after its send")
 
 
 def _check_handle(context: OpContext, op: str, handle) -> tuple:
@@ -505,24 +525,24 @@ def combine(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, topk_we
     outputs, _, num_tokens, num_topk, _, topk_shape = info
     # The common case in one call, where it is in use: it makes the fast-path
     # checks below and the output itself, and declines (None) what fails them.
-    if _combine_in_one_call is not None and out is None and combine_wait_recv_cost_stats is None and not (
-            return_recv_hook):
+    if _combine_in_one_call is not None and not (async_finish and return_recv_hook):
         source = outputs.combine_buffer if zero_copy else x
         if source is not None:
+            args = (context.native, x, topk_idx, topk_weights, source, outputs.combine_sizes, num_tokens, num_topk,
+                    use_logfmt, index, out, combine_wait_recv_cost_stats)
             if async_finish:
-                made = _combine_async_in_one_call(context, state, x, topk_idx, topk_weights, source, outputs,
-                                                  num_tokens, num_topk, use_logfmt)
-                if made is not None:
-                    return made
+                made = _combine_async_in_one_call(context, state, args)
+            elif return_recv_hook:
+                made = _combine_send_in_one_call(context, op, args)
             else:
                 caller = current_raw_stream(index)
                 if context.tail != caller:
                     follow(context, caller)
-                made = _combine_in_one_call(context.native, x, topk_idx, topk_weights, source, outputs.combine_sizes,
-                                            num_tokens, num_topk, use_logfmt, index, _SEND_AND_RECEIVE, caller, None,
-                                            None)
+                made = _combine_in_one_call(*args, _SEND_AND_RECEIVE, caller, None, None)
                 if made is not None:
-                    return made[0], _NO_EVENT, None
+                    made = made[0], _NO_EVENT, None
+            if made is not None:
+                return made
     _, _, max_tokens, hidden, num_experts = handle
     if not (type(x) is _Tensor and type(topk_idx) is _Tensor and type(topk_weights) is _Tensor
             and x.dtype == _BF16_DTYPE and topk_idx.dtype == TOPK_IDX_DTYPE and topk_weights.dtype == _F32_DTYPE
