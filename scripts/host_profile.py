@@ -179,12 +179,15 @@ def modes(buffer: Buffer):
             run = make(n)
 
             def in_python():
-                saved = intranode._dispatch_worst, intranode._combine_plain, ll._combine_in_one_call
-                intranode._dispatch_worst = intranode._combine_plain = ll._combine_in_one_call = None
+                saved = (intranode._dispatch_worst, intranode._combine_plain, ll._dispatch_in_one_call,
+                         ll._combine_in_one_call)
+                intranode._dispatch_worst = intranode._combine_plain = None
+                ll._dispatch_in_one_call = ll._combine_in_one_call = None
                 try:
                     run()
                 finally:
-                    intranode._dispatch_worst, intranode._combine_plain, ll._combine_in_one_call = saved
+                    (intranode._dispatch_worst, intranode._combine_plain, ll._dispatch_in_one_call,
+                     ll._combine_in_one_call) = saved
             return in_python
         return made
 
@@ -229,7 +232,19 @@ def modes(buffer: Buffer):
         ("dispatch BF16, num_worst_tokens, one call", one_call(worst_bf16)),
         ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8)),
         ("combine BF16, with weights, one call", one_call(normal_combine))]
+    ll_dispatch = loop(dispatch)
+    ll_dispatch_stats = loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))
+    ll_dispatch_bf16 = loop(lambda: dispatch(use_fp8=False))
+    ll_dispatch_async = async_loop(lambda: dispatch(async_finish=True)[3])
+    ll_dispatch_sends = loop(lambda: dispatch(return_recv_hook=True))
+    ll_dispatch_hooks = hooks(lambda: dispatch(return_recv_hook=True)[4])
     low_latency_one_call_modes = [] if torch_ext.MODULE is None else [
+        ("low_latency_dispatch FP8, one call", one_call(ll_dispatch, low_latency_entry_mirror)),
+        ("low_latency_dispatch FP8, cumulative stats, one call", one_call(ll_dispatch_stats, low_latency_entry_mirror)),
+        ("low_latency_dispatch BF16, one call", one_call(ll_dispatch_bf16, low_latency_entry_mirror)),
+        ("low_latency_dispatch FP8, async_finish, one call", one_call(ll_dispatch_async, low_latency_entry_mirror)),
+        ("low_latency_dispatch FP8, hook send, one call", one_call(ll_dispatch_sends, low_latency_entry_mirror)),
+        ("low_latency_dispatch FP8, hook(), one call", one_call(ll_dispatch_hooks, low_latency_entry_mirror)),
         ("low_latency_combine BF16, one call", one_call(combine_loop(), low_latency_entry_mirror)),
         ("low_latency_combine BF16, async_finish, one call", one_call(async_combine, low_latency_entry_mirror)),
         ("low_latency_combine BF16, hook send, one call", one_call(combine_sends, low_latency_entry_mirror)),
@@ -242,13 +257,12 @@ def modes(buffer: Buffer):
         ("dispatch FP8, num_worst_tokens", python_path(worst_fp8)),
         ("combine BF16, with weights", python_path(normal_combine)),
         *one_call_modes,
-        ("low_latency_dispatch FP8", loop(dispatch)),
-        ("low_latency_dispatch FP8, cumulative stats",
-         loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))),
-        ("low_latency_dispatch BF16", loop(lambda: dispatch(use_fp8=False))),
-        ("low_latency_dispatch FP8, async_finish", async_loop(lambda: dispatch(async_finish=True)[3])),
-        ("low_latency_dispatch FP8, hook send", loop(lambda: dispatch(return_recv_hook=True))),
-        ("low_latency_dispatch FP8, hook()", hooks(lambda: dispatch(return_recv_hook=True)[4])),
+        ("low_latency_dispatch FP8", python_path(ll_dispatch)),
+        ("low_latency_dispatch FP8, cumulative stats", python_path(ll_dispatch_stats)),
+        ("low_latency_dispatch BF16", python_path(ll_dispatch_bf16)),
+        ("low_latency_dispatch FP8, async_finish", python_path(ll_dispatch_async)),
+        ("low_latency_dispatch FP8, hook send", python_path(ll_dispatch_sends)),
+        ("low_latency_dispatch FP8, hook()", python_path(ll_dispatch_hooks)),
         ("low_latency_combine BF16", python_path(combine_loop())),
         ("low_latency_combine BF16, async_finish", python_path(async_combine)),
         ("low_latency_combine BF16, hook send", python_path(combine_sends)),

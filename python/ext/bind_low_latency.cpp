@@ -5,9 +5,8 @@
 // on a path whose whole host budget is a few microseconds.
 //
 // A launch given an EventRing (an async_finish call) also records the ring's
-// next event on its stream and returns it; given None it returns None. The
-// combine also goes to turnout._torch_ext behind a capsule
-// (low_latency_entry.hpp), which calls it with the output it made.
+// next event on its stream and returns it; given None it returns None. Both
+// ops also go to turnout._torch_ext behind a capsule (low_latency_entry.hpp).
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 
@@ -53,23 +52,45 @@ void dispatch_outputs(LowLatencyDispatchArgs* self, int hidden, int num_max_toke
   a->plan = ptr<void>(plan);
 }
 
-nb::object low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs, uintptr_t x, int num_tokens,
-                                uintptr_t topk_idx, int num_topk, uintptr_t topk_weights, bool round_scale,
-                                uintptr_t cumulative_local_expert_recv_stats, uintptr_t wait_recv_cost_stats, int phase,
-                                uintptr_t s, MaybeStream wait_for, EventRing* ring) {
+// The output set's args with the fields that change from call to call taken
+// from `call`. round_scale only matters with FP8 (the core pairs it with
+// use_fp8).
+LowLatencyDispatchArgs with_call(const LowLatencyDispatchArgs& outputs, const LowLatencyDispatchArgs& call) {
   LowLatencyDispatchArgs a = outputs;
-  a.x = ptr<const void>(x);
-  a.num_tokens = num_tokens;
-  a.topk_idx = ptr<const int64_t>(topk_idx);
-  a.num_topk = num_topk;
-  a.topk_weights = ptr<const float>(topk_weights);
-  a.round_scale = round_scale;
-  a.cumulative_local_expert_recv_stats = ptr<int32_t>(cumulative_local_expert_recv_stats);
-  a.wait_recv_cost_stats = ptr<int64_t>(wait_recv_cost_stats);
+  a.x = call.x;
+  a.num_tokens = call.num_tokens;
+  a.topk_idx = call.topk_idx;
+  a.num_topk = call.num_topk;
+  a.topk_weights = call.topk_weights;
+  a.round_scale = call.round_scale && outputs.use_fp8;
+  a.cumulative_local_expert_recv_stats = call.cumulative_local_expert_recv_stats;
+  a.wait_recv_cost_stats = call.wait_recv_cost_stats;
+  return a;
+}
+
+// A dispatch with its arguments in their struct: the binding's and the capsule's.
+nb::object queue_dispatch(Buffer& b, const LowLatencyDispatchArgs& a, int phase, uintptr_t s, MaybeStream wait_for,
+                          EventRing* ring) {
   const LowLatencyPhase p = to_phase(phase, "low_latency_dispatch");
   join_before(b, s, wait_for);
   b.low_latency_dispatch(a, p, stream(s));
   return recorded(ring, s);
+}
+
+nb::object low_latency_dispatch(Buffer& b, const LowLatencyDispatchArgs& outputs, uintptr_t x, int num_tokens,
+                                uintptr_t topk_idx, int num_topk, uintptr_t topk_weights, bool round_scale,
+                                uintptr_t cumulative_local_expert_recv_stats, uintptr_t wait_recv_cost_stats, int phase,
+                                uintptr_t s, MaybeStream wait_for, EventRing* ring) {
+  LowLatencyDispatchArgs call;
+  call.x = ptr<const void>(x);
+  call.num_tokens = num_tokens;
+  call.topk_idx = ptr<const int64_t>(topk_idx);
+  call.num_topk = num_topk;
+  call.topk_weights = ptr<const float>(topk_weights);
+  call.round_scale = round_scale;
+  call.cumulative_local_expert_recv_stats = ptr<int32_t>(cumulative_local_expert_recv_stats);
+  call.wait_recv_cost_stats = ptr<int64_t>(wait_recv_cost_stats);
+  return queue_dispatch(b, with_call(outputs, call), phase, s, wait_for, ring);
 }
 
 // A combine with its arguments in their struct: the binding's and the capsule's.
@@ -101,9 +122,11 @@ nb::object low_latency_combine(Buffer& b, uintptr_t x, int num_tokens, int num_t
   return queue_combine(b, a, phase, s, wait_for, ring);
 }
 
-// The capsule's function (low_latency_entry.hpp).
-int entry_combine(PyObject* native, const LowLatencyCombineArgs* a, int phase, uintptr_t s, const uintptr_t* wait_for,
-                  PyObject* ring, PyObject** event) {
+// The capsule's functions (low_latency_entry.hpp): `queue(buffer, events)`
+// runs where `native` and `ring` are of _C's types (else 1); a C++ exception
+// becomes the Python error (-1).
+template <typename Queue>
+int run_entry(PyObject* native, PyObject* ring, PyObject** event, Queue queue) {
   if (!nb::isinstance<Buffer>(nb::handle(native))) return 1;
   EventRing* events = nullptr;
   if (ring != Py_None) {
@@ -111,10 +134,7 @@ int entry_combine(PyObject* native, const LowLatencyCombineArgs* a, int phase, u
     events = nb::inst_ptr<EventRing>(nb::handle(ring));
   }
   try {
-    *event = queue_combine(*nb::inst_ptr<Buffer>(nb::handle(native)), *a, phase, s,
-                           wait_for ? MaybeStream(*wait_for) : std::nullopt, events)
-                 .release()
-                 .ptr();
+    *event = queue(*nb::inst_ptr<Buffer>(nb::handle(native)), events).release().ptr();
     return 0;
   } catch (...) {
     set_python_error(std::current_exception());
@@ -122,7 +142,28 @@ int entry_combine(PyObject* native, const LowLatencyCombineArgs* a, int phase, u
   }
 }
 
-const LowLatencyEntry kEntry = {sizeof(LowLatencyEntry), sizeof(LowLatencyCombineArgs), entry_combine};
+MaybeStream maybe(const uintptr_t* wait_for) {
+  return wait_for ? MaybeStream(*wait_for) : std::nullopt;
+}
+
+int entry_dispatch(PyObject* native, PyObject* outputs, const LowLatencyDispatchArgs* call, int phase, uintptr_t s,
+                   const uintptr_t* wait_for, PyObject* ring, PyObject** event) {
+  if (!nb::isinstance<LowLatencyDispatchArgs>(nb::handle(outputs))) return 1;
+  const auto& set = *nb::inst_ptr<LowLatencyDispatchArgs>(nb::handle(outputs));
+  return run_entry(native, ring, event, [&](Buffer& b, EventRing* events) {
+    return queue_dispatch(b, with_call(set, *call), phase, s, maybe(wait_for), events);
+  });
+}
+
+int entry_combine(PyObject* native, const LowLatencyCombineArgs* a, int phase, uintptr_t s, const uintptr_t* wait_for,
+                  PyObject* ring, PyObject** event) {
+  return run_entry(native, ring, event, [&](Buffer& b, EventRing* events) {
+    return queue_combine(b, *a, phase, s, maybe(wait_for), events);
+  });
+}
+
+const LowLatencyEntry kEntry = {sizeof(LowLatencyEntry), sizeof(LowLatencyDispatchArgs), sizeof(LowLatencyCombineArgs),
+                                entry_dispatch, entry_combine};
 
 void clean_low_latency_buffer(Buffer& b, uintptr_t s, MaybeStream wait_for, MaybeStream join_to, uint64_t first_call) {
   join_before(b, s, wait_for);

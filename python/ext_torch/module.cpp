@@ -28,10 +28,13 @@ PyMethodDef kMethods[] = {
      "combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens, recv_src_idx, "
      "is_token_in_rank, device_index, stream) -> (combined_x, combined_topk_weights) or None"},
     {"set_low_latency_entry", function(te::set_low_latency_entry), METH_O,
-     "set_low_latency_entry(capsule): _C.Buffer.low_latency_entry, before the first low_latency_combine"},
+     "set_low_latency_entry(capsule): _C.Buffer.low_latency_entry, before the first low-latency op"},
+    {"low_latency_dispatch", function(te::low_latency_dispatch), METH_FASTCALL,
+     "low_latency_dispatch(native, outputs, x, topk_idx, topk_weights, sizes, round_scale, cumulative_stats, "
+     "wait_stats, device_index, phase, stream, wait_for, ring) -> (event, num_tokens, num_topk) or None"},
     {"low_latency_combine", function(te::low_latency_combine), METH_FASTCALL,
      "low_latency_combine(native, x, topk_idx, topk_weights, source, sizes, num_tokens, num_topk, use_logfmt, "
-     "device_index, phase, stream, wait_for, ring) -> (combined_x, event) or None"},
+     "device_index, out, wait_stats, phase, stream, wait_for, ring) -> (combined_x, event) or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_torch_ext", nullptr, -1, kMethods, nullptr, nullptr, nullptr, nullptr};

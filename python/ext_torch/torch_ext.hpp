@@ -49,9 +49,11 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 // low_latency_ops.cpp: set_low_latency_entry(capsule), once at import; then
-// low_latency_combine(...) -> (combined_x, event) of the combine it queued,
-// or None where the call is not the common case it takes.
+// low_latency_dispatch(...) -> (event, num_tokens, num_topk) and
+// low_latency_combine(...) -> (combined_x, event) of the op they queued, or
+// None where the call is not the common case they take.
 PyObject* set_low_latency_entry(PyObject*, PyObject* capsule);
+PyObject* low_latency_dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace turnout::torch_ext

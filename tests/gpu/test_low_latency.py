@@ -5,8 +5,9 @@ top-k 1 / 8 / 9, 8 / 64 / 288 experts, BF16 / FP8 / FP8 with round_scale /
 FP8 with UE8M0 scales. Dispatch is compared bitwise in canonical order;
 combine (default and pre-reduced, with and without use_logfmt, zero_copy and
 out=) within the tolerance stated in low_latency_cases; combine is bitwise
-repeatable and gives the same bits in one call (turnout._torch_ext) as
-through the Python path; normal and low-latency calls share one Buffer."""
+repeatable; dispatch and combine give the same results in one call
+(turnout._torch_ext) as through the Python path; normal and low-latency calls
+share one Buffer."""
 import itertools
 
 import torch
@@ -20,6 +21,7 @@ from low_latency_cases import (
     all_x,
     canonical,
     check_combine,
+    check_dispatch,
     combine_call,
     dispatch,
     expert_outputs,
@@ -134,6 +136,68 @@ def test_combine_options(ctx):
 
 
 test_combine_options.timeout = 300
+
+
+def test_dispatch_in_one_call_gives_the_python_paths_outputs(ctx):
+    """Where turnout._torch_ext is in use, a dispatch of a shape that has its
+    two output sets goes through its one call (plain, async_finish and a
+    hook's send and receive; BF16 and the FP8 formats; with weights and the
+    cumulative stats, or without) and receives what the reference and the
+    Python path receive."""
+    if torch_ext.MODULE is None:
+        ctx.skip("turnout._torch_ext is not in use here (not built against this torch, or turned off)")
+    cases = [LLCase("uniform", 48, 64, 7168, 8, 64, mode) for mode in ("bf16", "fp8", "fp8_round", "ue8m0")]
+    n, g = world(ctx)
+    if cases[0].unfit(n):
+        ctx.skip(f"{cases[0]}: {cases[0].unfit(n)}")
+    dev, me = ctx.device, ctx.rank
+    one_call = ops_low_latency._dispatch_in_one_call
+    taken = []
+
+    def counted(*args):
+        made = one_call(*args)
+        taken.append(made is not None)
+        return made
+
+    with ctx.buffer(g, num_rdma_bytes=size_hint(cases, n), low_latency_mode=True) as buf:
+        for case in cases:
+            inputs = [inputs_of(case, n, r) for r in range(n)]
+            ref = reference_dispatch(case, n, inputs)[me]
+            for _ in range(2):  # the shape's two output sets
+                dispatch(buf, case, inputs[me], dev)
+            torch.cuda.synchronize()
+            for mode, extras in itertools.product(("plain", "async_finish", "hook"), (False, True)):
+                what = f"n={n} {case.mode} {mode} weights and stats {extras}"
+                outs = []
+                for path in (counted, None):
+                    kwargs = dict(async_finish=mode == "async_finish", return_recv_hook=mode == "hook")
+                    if extras:
+                        kwargs["topk_weights"] = inputs[me].topk_weights.to(dev)
+                        kwargs["cumulative_local_expert_recv_stats"] = torch.zeros(case.experts // n,
+                                                                                   dtype=torch.int32, device=dev)
+                    ops_low_latency._dispatch_in_one_call = path
+                    try:
+                        out = dispatch(buf, case, inputs[me], dev, **kwargs)
+                        if mode == "async_finish":
+                            out[3].current_stream_wait()
+                        if mode == "hook":
+                            out[4]()
+                        torch.cuda.synchronize()
+                    finally:
+                        ops_low_latency._dispatch_in_one_call = one_call
+                    if extras:
+                        assert_equal(kwargs["cumulative_local_expert_recv_stats"], ref.recv_count,
+                                     f"{what}: cumulative_local_expert_recv_stats")
+                        assert out[2].has_weights, f"{what}: the handle must know weights were given"
+                    outs.append(out)
+                want = [True, True] if mode == "hook" else [True]
+                assert taken == want, f"{what}: the one call took {taken}, expected {want}"
+                taken.clear()
+                check_dispatch(outs[0], ref, case, n, what, dev)
+                same_dispatch(outs[0], outs[1], case, what, dev)
+
+
+test_dispatch_in_one_call_gives_the_python_paths_outputs.timeout = 300
 
 
 def test_combine_in_one_call_gives_the_python_paths_bits(ctx):

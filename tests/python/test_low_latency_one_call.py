@@ -1,11 +1,12 @@
-"""The low-latency combine in one call (turnout._torch_ext's
-low_latency_combine), without a GPU: CPU tensors stand for the buffer's device
-(index -1, their get_device()), and a recording entry, built with ctypes as a
-mirror of python/ext/low_latency_entry.hpp, stands for _C's launch. The call
-hands the entry the tensors it was given and the output it returns; every
-call that fails a fast-path check is declined before the entry is reached;
-and the op takes this path only where it may, with the streams and pending
-calls of the Python path."""
+"""The low-latency dispatch and combine in one call (turnout._torch_ext's
+low_latency_dispatch and low_latency_combine), without a GPU: CPU tensors
+stand for the buffer's device (index -1, their get_device()), and a recording
+entry, built with ctypes as a mirror of python/ext/low_latency_entry.hpp,
+stands for _C's launch. Each call hands the entry the tensors it was given
+(and combine the output it returns); every call that fails a fast-path check
+is declined before the entry is reached; and the ops take these paths only
+where they may, with the output sets, streams and pending calls of the Python
+path."""
 import pytest
 import torch
 
@@ -73,8 +74,9 @@ def test_the_build_has_the_entry_of_its_own_c_module():
 
 
 def test_an_entry_of_another_build_or_name_is_refused(recorder):
-    for field in ("entry_size", "combine_size"):
-        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), combine=recorder.fn)
+    for field in ("entry_size", "dispatch_size", "combine_size"):
+        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), dispatch=recorder.fns[0],
+                      combine=recorder.fns[1])
         made, _ = capsule(other)
         with pytest.raises(ImportError, match="different builds"):
             MODULE.set_low_latency_entry(made)
@@ -294,3 +296,168 @@ def test_an_async_one_call_that_raises_joins_the_callers_stream_back(monkeypatch
         combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle, async_finish=True)
     assert len(calls) == 1 and context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
     assert context.tail == CALLER_STREAM and not context.low_latency.pending
+
+
+class DispatchCall:
+    """A common dispatch's arguments, each replaceable."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(3)
+        self.args = dict(native=object(), outputs=object(), x=torch.randn(T, H, generator=g).bfloat16(),
+                         topk_idx=torch.randint(-1, E, (T, K), generator=g), topk_weights=None,
+                         sizes=(H, M, L, R, PLAN), round_scale=False, cumulative=None, wait_stats=None,
+                         device_index=FAST, phase=BOTH, stream=CALLER_STREAM, wait_for=None, ring=None)
+
+    def __call__(self, **changes):
+        return MODULE.low_latency_dispatch(*dict(self.args, **changes).values())
+
+
+def test_the_common_dispatch_hands_the_entry_what_it_is_given(recorder):
+    call = DispatchCall()
+    a = call.args
+    assert call() == (None, T, K)
+    got, = recorder.calls
+    assert got["op"] == "dispatch" and got["native"] is a["native"] and got["outputs"] is a["outputs"]
+    assert (got["phase"], got["stream"], got["wait_for"], got["ring"]) == (BOTH, CALLER_STREAM, None, None)
+    args = got["args"]
+    assert (args["x"], args["num_tokens"], args["topk_idx"], args["num_topk"]) == (
+        a["x"].data_ptr(), T, a["topk_idx"].data_ptr(), K)
+    assert args["topk_weights"] is None and args["round_scale"] is False
+    assert args["cumulative_local_expert_recv_stats"] is None and args["wait_recv_cost_stats"] is None
+
+    ring, weights = FakeRing(), torch.rand(T, K)
+    cumulative, wait = torch.zeros(L, dtype=torch.int32), torch.zeros(R, dtype=torch.int64)
+    event, tokens, topk = call(topk_weights=weights, round_scale=True, cumulative=cumulative, wait_stats=wait,
+                               phase=_C.LOW_LATENCY_SEND, stream=COMM_STREAM, wait_for=CALLER_STREAM, ring=ring)
+    assert event is ring.events[0] and (tokens, topk) == (T, K)
+    got = recorder.calls[-1]
+    assert (got["phase"], got["stream"], got["wait_for"], got["ring"]) == (_C.LOW_LATENCY_SEND, COMM_STREAM,
+                                                                           CALLER_STREAM, ring)
+    args = got["args"]
+    assert args["topk_weights"] == weights.data_ptr() and args["round_scale"] is True
+    assert args["cumulative_local_expert_recv_stats"] == cumulative.data_ptr()
+    assert args["wait_recv_cost_stats"] == wait.data_ptr()
+
+
+def test_weights_of_no_token_still_reach_the_plan(recorder):
+    """An empty tensor has no address: the plan's stands for it, so peers
+    still learn that this rank gave weights."""
+    call = DispatchCall()
+    x, idx = torch.empty(0, H, dtype=torch.bfloat16), torch.empty(0, K, dtype=torch.int64)
+    assert call(x=x, topk_idx=idx, topk_weights=torch.empty(0, K)) == (None, 0, K)
+    assert recorder.calls[-1]["args"]["topk_weights"] == PLAN
+
+
+DISPATCH_DECLINED = {
+    "x float32": lambda c: dict(x=c.args["x"].float()),
+    "x of another hidden": lambda c: dict(x=c.args["x"][:, :H - 8].contiguous()),
+    "x of more rows than M": lambda c: dict(x=torch.zeros(M + 1, H, dtype=torch.bfloat16),
+                                            topk_idx=torch.zeros(M + 1, K, dtype=torch.int64)),
+    "x 3-D": lambda c: dict(x=c.args["x"].view(1, T, H)),
+    "x not contiguous": lambda c: dict(x=not_contiguous(c.args["x"])),
+    "x misaligned": lambda c: dict(x=torch.zeros(T * H + 1, dtype=torch.bfloat16)[1:].view(T, H)),
+    "x a Parameter": lambda c: dict(x=torch.nn.Parameter(c.args["x"], requires_grad=False)),
+    "topk_idx int32": lambda c: dict(topk_idx=c.args["topk_idx"].int()),
+    "topk_idx of another token count": lambda c: dict(topk_idx=c.args["topk_idx"][:T - 1].contiguous()),
+    "topk_idx of no column": lambda c: dict(topk_idx=c.args["topk_idx"][:, :0].contiguous()),
+    "topk_idx of too many columns": lambda c: dict(topk_idx=torch.zeros(T, ll.MAX_TOPK + 1, dtype=torch.int64)),
+    "topk_weights float64": lambda c: dict(topk_weights=torch.rand(T, K).double()),
+    "topk_weights of another shape": lambda c: dict(topk_weights=torch.rand(T, K + 1)),
+    "topk_weights not contiguous": lambda c: dict(topk_weights=not_contiguous(torch.rand(T, K))),
+    "cumulative stats int64": lambda c: dict(cumulative=torch.zeros(L, dtype=torch.int64)),
+    "cumulative stats of another length": lambda c: dict(cumulative=torch.zeros(L + 1, dtype=torch.int32)),
+    "wait stats int32": lambda c: dict(wait_stats=torch.zeros(R, dtype=torch.int32)),
+    "wait stats of another length": lambda c: dict(wait_stats=torch.zeros(R - 1, dtype=torch.int64)),
+    "round_scale 1, not a bool": lambda c: dict(round_scale=1),
+    "another device index": lambda c: dict(device_index=0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISPATCH_DECLINED))
+def test_a_dispatch_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
+    call = DispatchCall()
+    assert call(**DISPATCH_DECLINED[case](call)) is None
+    assert recorder.calls == []
+
+
+def test_a_dispatch_entry_that_does_not_take_the_buffer_gives_none(recorder):
+    recorder.code = 1
+    assert DispatchCall()() is None and len(recorder.calls) == 1
+    MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
+    assert DispatchCall()() is None
+
+
+def dispatches_by_native(context):
+    return [name for name, _ in context.native.calls if name == "low_latency_dispatch"]
+
+
+def test_the_op_dispatches_in_one_call_once_the_shape_has_both_sets(recorder, caller_stream):
+    context = make_context(device_index=FAST)
+    state, ring = context.low_latency, context.low_latency.ring
+    x, topk_idx = inputs()
+    # The first two make the shape's two output sets: the Python path.
+    handles = [dispatch(context, x, topk_idx)[2] for _ in range(2)]
+    assert recorder.calls == [] and len(dispatches_by_native(context)) == 2
+    recv_x, recv_count, handle, event, hook = dispatch(context, x, topk_idx)
+    got = recorder.calls[-1]
+    assert got["op"] == "dispatch" and got["outputs"] is handle._info[0].args and event.event is None
+    assert hook is None and len(dispatches_by_native(context)) == 2
+    assert handle.generation == 2 and handle[0] is handles[0][0] and recv_x[0] is handle._info[0].result[0]
+    assert (handle.num_tokens, handle.num_topk, handle.has_weights) == (T, K, False)
+    # The set it reused no longer serves the first handle; the second's still does.
+    with pytest.raises(ValueError, match="handle"):
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handles[0])
+    combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handles[1])
+
+    # async_finish: on the comm stream after the caller's, the ring's event, the call pending.
+    weights = torch.rand(T, K)
+    _, _, handle, event, _ = dispatch(context, x, topk_idx, async_finish=True, topk_weights=weights)
+    got = recorder.calls[-1]
+    assert got["op"] == "dispatch" and (got["stream"], got["wait_for"], got["ring"]) == (COMM_STREAM, CALLER_STREAM,
+                                                                                         ring)
+    assert event.event is state.pending[-1][0] and event.extra_tensors[0] is x and handle.has_weights
+    assert context.tail == COMM_STREAM and handle.generation == 3
+
+    # A hook: the send now, the receive on the stream current at hook().
+    _, _, handle, event, hook = dispatch(context, x, topk_idx, return_recv_hook=True)
+    assert recorder.calls[-1]["phase"] == _C.LOW_LATENCY_SEND and recorder.calls[-1]["stream"] == CALLER_STREAM
+    caller_stream[0] = 0x4000
+    hook()
+    got = recorder.calls[-1]
+    assert (got["op"], got["phase"], got["stream"]) == ("dispatch", _C.LOW_LATENCY_RECEIVE, 0x4000)
+    assert got["args"] == recorder.calls[-2]["args"] and len(dispatches_by_native(context)) == 2
+
+    # Another hidden size: a shape of its own, the Python path until it has both sets.
+    wide = torch.randn(T, 2 * H).bfloat16()
+    dispatch(context, wide, topk_idx)
+    assert len(dispatches_by_native(context)) == 3
+
+
+@pytest.mark.parametrize("mode", ["plain", "async_finish", "hook"])
+def test_a_declined_dispatch_takes_the_python_path_and_keeps_the_set(recorder, mode):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    shape_handles = [dispatch(context, x, topk_idx)[2] for _ in range(2)]
+    kwargs = {"async_finish": mode == "async_finish", "return_recv_hook": mode == "hook"}
+    with pytest.raises(ValueError, match="topk_weights"):
+        dispatch(context, x, topk_idx, topk_weights=torch.rand(T, K + 1), **kwargs)
+    assert recorder.calls == [] and not context.low_latency.pending
+    for handle in shape_handles:  # both handles still valid: no set was taken
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handle)
+
+
+def test_a_dispatch_one_call_that_raises_invalidates_the_sets_older_handle(monkeypatch):
+    context = make_context(device_index=FAST)
+    x, topk_idx = inputs()
+    handles = [dispatch(context, x, topk_idx)[2] for _ in range(2)]
+
+    def raises(*args):
+        raise RuntimeError("raised after the launch")
+
+    monkeypatch.setattr(ll, "_dispatch_in_one_call", raises)
+    with pytest.raises(RuntimeError, match="raised after the launch"):
+        dispatch(context, x, topk_idx, async_finish=True)
+    assert context.native.calls[-1] == ("join", {"waiter": CALLER_STREAM, "waited": COMM_STREAM})
+    assert context.tail == CALLER_STREAM and not context.low_latency.pending
+    with pytest.raises(ValueError, match="handle"):
+        combine(context, expert_rows(context), topk_idx, torch.rand(T, K), handles[0])

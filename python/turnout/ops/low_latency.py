@@ -47,7 +47,8 @@ _BF16_DTYPE = torch.bfloat16
 _F32_DTYPE = torch.float32
 _empty = op_outputs.empty
 _BF16_CODE = op_outputs.BF16
-# The combine in one call (turnout._torch_ext), where it is in use.
+# The ops in one call (turnout._torch_ext), where it is in use.
+_dispatch_in_one_call = None if _torch_ext is None else _torch_ext.low_latency_dispatch
 _combine_in_one_call = None if _torch_ext is None else _torch_ext.low_latency_combine
 
 # The event of every call that is neither async_finish nor hooked: one shared
@@ -73,8 +74,8 @@ class _OutputSet:
     generation (call number of its shape) whose results they hold."""
 
     __slots__ = ("args", "result", "recv_count", "src_info", "layout_range", "plan", "plan_ptr", "generation",
-                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape", "combine_sizes",
-                 "handle_entries")
+                 "combine_buffer", "owner", "num_local_experts", "num_rows", "expert_rows_shape", "dispatch_sizes",
+                 "combine_sizes", "handle_entries")
 
     def __init__(self, owner: object, num_max_tokens: int, hidden: int, num_experts: int, fmt: int, num_ranks: int,
                  device: torch.device) -> None:
@@ -108,7 +109,8 @@ class _OutputSet:
         # What combine checks and passes on every call, made once.
         self.expert_rows_shape = (local, rows, hidden)
         self.plan_ptr = self.plan.data_ptr()
-        # The same for the combine in one call (low_latency_ops.cpp's CombineSizes).
+        # The same for the ops in one call (low_latency_ops.cpp's DispatchSizes, CombineSizes).
+        self.dispatch_sizes = (hidden, num_max_tokens, local, num_ranks, self.plan_ptr)
         self.combine_sizes = (local, rows, hidden, num_max_tokens, num_experts, self.plan_ptr)
         # DeepEP's five handle entries of every dispatch into this set.
         self.handle_entries = (self.src_info, self.layout_range, num_max_tokens, hidden, num_experts)
@@ -126,15 +128,18 @@ class _Shape:
 
 class LowLatencyState:
     """A low-latency Buffer's Python-side state: its output sets by shape,
-    the ring of events async_finish ops record (turnout._C.EventRing) and,
-    oldest first, the ``(event, tensors)`` of those that may still run. Which
-    stream the buffer's last op ran on is the context's (``tail``), shared
-    with normal mode: both modes meet at the barrier and the rank mask."""
+    the last shape a dispatch used by everything but its hidden size (where
+    the dispatch in one call looks first), the ring of events async_finish
+    ops record (turnout._C.EventRing) and, oldest first, the ``(event,
+    tensors)`` of those that may still run. Which stream the buffer's last op
+    ran on is the context's (``tail``), shared with normal mode: both modes
+    meet at the barrier and the rank mask."""
 
-    __slots__ = ("shapes", "ring", "pending")
+    __slots__ = ("shapes", "recent", "ring", "pending")
 
     def __init__(self, ring) -> None:
         self.shapes = {}
+        self.recent = {}
         self.ring = ring
         self.pending = deque()
 
@@ -150,6 +155,7 @@ class LowLatencyState:
         (its destroy has waited for the GPU; tensors the caller still holds
         stay valid); later calls raise."""
         self.shapes = None
+        self.recent = {}
         self.pending.clear()
 
     def __del__(self) -> None:
@@ -310,6 +316,18 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     index = context.device_index
     max_tokens = num_max_dispatch_tokens_per_rank
     fmt = (_UE8M0 if use_ue8m0 else _FP8) if use_fp8 else _BF16
+    # The common case in one call, where it is in use: the shape of this
+    # buffer's last dispatch of these sizes, the fast-path checks below made
+    # there, and declined (None) where they fail.
+    if (_dispatch_in_one_call is not None and type(max_tokens) is int and type(num_experts) is int
+            and not (async_finish and return_recv_hook) and not (use_ue8m0 and not round_scale)):
+        shape = state.recent.get((max_tokens, num_experts, fmt))
+        if shape is not None:
+            made = _dispatch_in_one_call_of(context, state, op, shape, x, topk_idx, topk_weights, round_scale,
+                                            cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                                            async_finish, return_recv_hook)
+            if made is not None:
+                return made
     # The common case in one expression: plain contiguous tensors on this GPU
     # and a call shape this buffer has run (its sizes passed every check when
     # its outputs were made). Anything else takes the full checks, which name
@@ -331,6 +349,7 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
         shape = state.shapes.get(key)
         if shape is None:
             shape = state.shapes[key] = _Shape()
+    state.recent[(max_tokens, num_experts, fmt)] = shape
     x_ptr = x.data_ptr()
     if x_ptr % 16:
         _aligned_ptr(op, "x", x)
@@ -474,11 +493,68 @@ def _combine_send_in_one_call(context: OpContext, op: str, args: tuple):
 
 
 def _combine_receive_in_one_call(*args) -> None:
-    # Takes what its send took, unless a tensor changed in between (resized,
-    # say): that receive must not be dropped, its peers would wait for it.
     if _combine_in_one_call(*args) is None:
-        raise RuntimeError("low_latency_combine: the hook's receive was declined: one of the call's tensors changed "
-                           "shape, type or place after its send")
+        _declined_receive("low_latency_combine")
+
+
+def _declined_receive(op: str) -> None:
+    # A receive takes what its send took, unless a tensor changed in between
+    # (resized, say): that receive must not be dropped, its peers would wait
+    # for it.
+    raise RuntimeError(f"{op}: the hook's receive was declined: one of the call's tensors changed shape, type or "
+                       "place after its send")
+
+
+def _dispatch_in_one_call_of(context: OpContext, state: LowLatencyState, op: str, shape: _Shape, x, topk_idx,
+                             topk_weights, round_scale, cumulative_stats, wait_stats, async_finish: bool,
+                             return_recv_hook: bool):
+    """A dispatch into ``shape``'s next output set in one call: what
+    low_latency_dispatch returns, or None where the call declined (nothing
+    queued, the set and the tail as they were)."""
+    generation = shape.calls
+    outputs = shape.sets[generation & 1]
+    if outputs is None:
+        return None
+    args = (context.native, outputs.args, x, topk_idx, topk_weights, outputs.dispatch_sizes, round_scale,
+            cumulative_stats, wait_stats, context.device_index)
+    if async_finish:
+        caller, comm, tail = _async_streams(context)
+        streams = (_SEND_AND_RECEIVE, comm, caller, state.ring)
+    else:
+        streams = (_SEND if return_recv_hook else _SEND_AND_RECEIVE, _caller_after_tail(context), None, None)
+    try:
+        made = _dispatch_in_one_call(*args, *streams)
+    except BaseException:
+        # A call that fails after it has written the set must not leave the
+        # set's older handle valid (the Python path moves on before its launch).
+        shape.calls = generation + 1
+        outputs.generation = generation
+        if async_finish:
+            _after_failed_launch(context, caller)
+        raise
+    if made is None:
+        if async_finish:
+            context.tail = tail
+        return None
+    event, num_tokens, num_topk = made
+    shape.calls = generation + 1
+    outputs.generation = generation
+    tensors = (x, topk_idx, topk_weights, cumulative_stats, wait_stats)
+    hook = None
+    if async_finish:
+        event = _pending(context, state, event, tensors, tail)
+    else:
+        event = _NO_EVENT
+        if return_recv_hook:
+            hook = _ReceiveHook(context, op, _dispatch_receive_in_one_call, args, tensors)
+    handle = LowLatencyHandle(outputs.handle_entries)
+    handle._info = (outputs, generation, num_tokens, num_topk, topk_weights is not None, (num_tokens, num_topk))
+    return outputs.result, outputs.recv_count, handle, event, hook
+
+
+def _dispatch_receive_in_one_call(*args) -> None:
+    if _dispatch_in_one_call(*args) is None:
+        _declined_receive("low_latency_dispatch")
 
 
 def _check_handle(context: OpContext, op: str, handle) -> tuple:
