@@ -138,6 +138,19 @@ def test_combine_options(ctx):
 test_combine_options.timeout = 300
 
 
+class Counted:
+    """Calls ``fn``, noting in ``taken`` whether each call took what it was
+    given (a one-call op returns None where it declines)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.taken = fn, []
+
+    def __call__(self, *args):
+        made = self.fn(*args)
+        self.taken.append(made is not None)
+        return made
+
+
 def test_dispatch_in_one_call_gives_the_python_paths_outputs(ctx):
     """Where turnout._torch_ext is in use, a dispatch of a shape that has its
     two output sets goes through its one call (plain, async_finish and a
@@ -152,12 +165,8 @@ def test_dispatch_in_one_call_gives_the_python_paths_outputs(ctx):
         ctx.skip(f"{cases[0]}: {cases[0].unfit(n)}")
     dev, me = ctx.device, ctx.rank
     one_call = ops_low_latency._dispatch_in_one_call
-    taken = []
-
-    def counted(*args):
-        made = one_call(*args)
-        taken.append(made is not None)
-        return made
+    counted = Counted(one_call)
+    taken = counted.taken
 
     with ctx.buffer(g, num_rdma_bytes=size_hint(cases, n), low_latency_mode=True) as buf:
         for case in cases:
@@ -213,12 +222,8 @@ def test_combine_in_one_call_gives_the_python_paths_bits(ctx):
         ctx.skip(f"{case}: {case.unfit(n)}")
     dev, me = ctx.device, ctx.rank
     one_call = ops_low_latency._combine_in_one_call
-    taken = []
-
-    def counted(*args):
-        made = one_call(*args)
-        taken.append(made is not None)
-        return made
+    counted = Counted(one_call)
+    taken = counted.taken
 
     with ctx.buffer(g, num_rdma_bytes=size_hint([case], n), low_latency_mode=True) as buf:
         inputs = [inputs_of(case, n, r) for r in range(n)]
