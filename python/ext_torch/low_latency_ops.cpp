@@ -75,7 +75,7 @@ struct Streams {
   PyObject* ring;
 };
 
-bool read_streams(PyObject* const* args, Streams* s) {
+bool read_streams(const char* name, PyObject* const* args, Streams* s) {
   const long phase = PyLong_AsLong(args[0]);
   s->stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[1]));
   s->waits = args[2] != Py_None;
@@ -83,7 +83,7 @@ bool read_streams(PyObject* const* args, Streams* s) {
   s->ring = args[3];
   if (PyErr_Occurred()) return false;
   if (phase < INT_MIN || phase > INT_MAX) {
-    PyErr_Format(PyExc_ValueError, "phase %ld out of range", phase);
+    PyErr_Format(PyExc_ValueError, "%s: phase %ld out of range", name, phase);
     return false;
   }
   s->phase = static_cast<int>(phase);
@@ -136,7 +136,7 @@ PyObject* low_latency_dispatch(PyObject*, PyObject* const* args, Py_ssize_t narg
   Streams streams{};
   if (!read_sizes(args[5], &sizes)) return nullptr;
   const long index = PyLong_AsLong(args[9]);
-  if ((index == -1 && PyErr_Occurred()) || !read_streams(args + 10, &streams)) return nullptr;
+  if ((index == -1 && PyErr_Occurred()) || !read_streams("low_latency_dispatch", args + 10, &streams)) return nullptr;
   PyObject* round_scale = args[6];
   if (round_scale != Py_True && round_scale != Py_False) Py_RETURN_NONE;
 
@@ -197,7 +197,7 @@ PyObject* low_latency_combine(PyObject*, PyObject* const* args, Py_ssize_t nargs
   const long long num_tokens = PyLong_AsLongLong(args[6]);
   const long long num_topk = PyLong_AsLongLong(args[7]);
   const long index = PyLong_AsLong(args[9]);
-  if (PyErr_Occurred() || !read_streams(args + 12, &streams)) return nullptr;
+  if (PyErr_Occurred() || !read_streams("low_latency_combine", args + 12, &streams)) return nullptr;
   PyObject* use_logfmt = args[8];
   if (use_logfmt != Py_True && use_logfmt != Py_False) Py_RETURN_NONE;
   if (num_tokens < 0 || num_tokens > INT_MAX || num_topk < 1 || num_topk > INT_MAX || sizes.hidden > INT_MAX ||

@@ -195,9 +195,13 @@ def test_the_c_entry_does_not_take_what_is_not_its_buffer():
     assert Call()() is None
 
 
-def test_bad_sizes_are_a_type_error(recorder):
-    with pytest.raises(TypeError, match="sizes"):
+def test_bad_sizes_or_phase_are_errors_naming_them(recorder):
+    with pytest.raises(TypeError, match="low_latency_combine: sizes"):
         Call()(sizes=[L, ROWS, H, M, E, PLAN])
+    with pytest.raises(TypeError, match="low_latency_dispatch: sizes"):
+        DispatchCall()(sizes=(H, M, L, R))
+    with pytest.raises(ValueError, match="low_latency_dispatch: phase"):
+        DispatchCall()(phase=1 << 40)
     assert recorder.calls == []
 
 
