@@ -382,9 +382,9 @@ def dispatch(context: OpContext, x: torch.Tensor, topk_idx: torch.Tensor, num_ma
     # address, so it must not be null when they were: with no tokens the
     # weights are never read, but an empty tensor has no address of its own.
     weights_ptr = 0 if topk_weights is None else topk_weights.data_ptr() or outputs.plan_ptr
-    # round_scale only matters with FP8 (the native checks pair it with use_fp8).
-    args = (outputs.args, x_ptr, num_tokens, topk_idx.data_ptr(), num_topk, weights_ptr,
-            bool(round_scale) and fmt != _BF16, stats_ptr, wait_ptr)
+    # round_scale only matters with FP8: the binding drops it otherwise.
+    args = (outputs.args, x_ptr, num_tokens, topk_idx.data_ptr(), num_topk, weights_ptr, bool(round_scale), stats_ptr,
+            wait_ptr)
     launch = context.native.low_latency_dispatch
     if async_finish or return_recv_hook:
         tensors = (x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
@@ -449,27 +449,29 @@ def _pending(context: OpContext, state: LowLatencyState, event, tensors: tuple, 
     return EventOverlap(event, tensors)
 
 
-def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple) -> EventOverlap:
-    """An async_finish op: on the communication stream, after the caller's
-    stream; the launch records the ring's next event after it."""
+def _launch_on_comm(context: OpContext, state: LowLatencyState, launch, args: tuple) -> tuple:
+    """``launch(*args, phase, comm, caller, ring)`` as an async_finish op: on
+    the communication stream, after the caller's stream, the launch recording
+    the ring's next event after it. Returns ``(what it returned, the tail
+    before)``."""
     caller, comm, tail = _async_streams(context)
     try:
-        event = launch(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
+        return launch(*args, _SEND_AND_RECEIVE, comm, caller, state.ring), tail
     except BaseException:
         _after_failed_launch(context, caller)
         raise
+
+
+def _launch_async(context: OpContext, state: LowLatencyState, launch, args: tuple, tensors: tuple) -> EventOverlap:
+    """An async_finish op of the Python path."""
+    event, tail = _launch_on_comm(context, state, launch, args)
     return _pending(context, state, event, tensors, tail)
 
 
 def _combine_async_in_one_call(context: OpContext, state: LowLatencyState, args: tuple):
     """An async_finish combine in one call: ``(combined_x, event, None)``, or
     None where the call declined (nothing queued, the tail as it was)."""
-    caller, comm, tail = _async_streams(context)
-    try:
-        made = _combine_in_one_call(*args, _SEND_AND_RECEIVE, comm, caller, state.ring)
-    except BaseException:
-        _after_failed_launch(context, caller)
-        raise
+    made, tail = _launch_on_comm(context, state, _combine_in_one_call, args)
     if made is None:
         context.tail = tail
         return None
