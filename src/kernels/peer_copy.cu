@@ -10,13 +10,16 @@ namespace turnout::kernels {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kMaxThreads = 1024;
 
-__global__ void __launch_bounds__(kThreads)
+// Any block size up to kMaxThreads: the bench compares as many warps on
+// fewer SMs with the same warps spread over more.
+__global__ void __launch_bounds__(kMaxThreads)
     store_to_peers_kernel(void* const* peers, int nvl_rank, int num_nvl_ranks, const int4* src, size_t n16,
                           size_t dst_offset, bool include_self) {
-  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t dst_index = (dst_offset + nvl_rank * n16 * sizeof(int4)) / sizeof(int4);
-  for (size_t i = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; i < n16; i += stride) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n16; i += stride) {
     const int4 v = __ldg(src + i);
     // Start at the next peer so ranks do not all hit peer 0 first.
     for (int s = 1; s <= num_nvl_ranks; ++s) {
@@ -86,10 +89,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
-                           size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream) {
+                           size_t dst_offset, bool include_self, int num_sms, int threads, cudaStream_t stream) {
   if (bytes == 0) return;
-  store_to_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
-                                                          bytes / sizeof(int4), dst_offset, include_self);
+  store_to_peers_kernel<<<num_sms, threads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
+                                                         bytes / sizeof(int4), dst_offset, include_self);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

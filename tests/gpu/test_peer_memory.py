@@ -1,8 +1,9 @@
-"""Peer-mapped NVL memory: SM stores and bulk copies into every peer, and SM
-loads from every peer, land where they should, for every pair of ranks."""
+"""Peer-mapped NVL memory: SM stores (from 16 warps a block, and from 3) and
+bulk copies into every peer, and SM loads from every peer, land where they
+should, for every pair of ranks; a warp count out of range is refused."""
 import torch
 
-from harness import assert_equal, generator
+from harness import assert_equal, assert_raises, generator
 
 # Not a power of two, so the copy loops' last partial round is exercised.
 BYTES_PER_RANK = (1 << 20) + 16 * 37
@@ -22,16 +23,22 @@ def test_store_to_and_load_from_every_peer(ctx):
             stream = torch.cuda.current_stream().cuda_stream
             src = srcs[ctx.rank].to(ctx.device)
             local = buf.get_local_buffer_tensor(torch.uint8)[:n * B].view(n, B)
-            for bulk in (False, True):
+            for bulk, warps in ((False, 16), (False, 3), (True, 16)):
                 local.fill_(0xA5)  # what the other way stored must not pass for this one's
                 buf._barrier()
                 # Each rank writes its bytes into slot `rank` of every buffer, its own included.
-                buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream, bulk)
+                buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream, bulk, warps)
                 buf._barrier()
-                how = "bulk copies" if bulk else "SM stores"
+                how = "bulk copies" if bulk else f"SM stores, {warps} warps a block"
                 for p in range(n):
                     assert_equal(local[p], srcs[p],
                                  f"n={n}, {how}: slot {p} of rank {ctx.rank}'s buffer (stored by rank {p})")
+
+            # Refused before any store: the buffer is still as the last round left it.
+            for warps in (0, 33):
+                assert_raises(ValueError, lambda: buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS,
+                                                                             stream, False, warps),
+                              "warps_per_block", str(warps))
 
             # Slot p read from every peer q must hold rank p's bytes.
             dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)
