@@ -1,12 +1,14 @@
 """The ceiling bench's table and plot keep its two copy methods apart: a line
 per method, each with its own SM counts and figures; the plain kernel's
-warp splits are lines of their own, by warps a GPU."""
+warp splits are lines of their own, by warps a GPU, and the rows with eight
+words a lane in flight one more."""
 from turnout.bench import report
-from turnout.bench.ceiling import COLUMNS, METHODS, WARPS, plot_series
+from turnout.bench.ceiling import COLUMNS, DEEP_WORDS, METHODS, WARPS, WORDS, plot_series
 
 
-def row(method, num_sms, warps, gbps, shared, split=False):
-    return {"bench": "ceiling", "method": method, "num_sms": num_sms, "warps_per_block": warps, "warp_split": split,
+def row(method, num_sms, warps, gbps, shared, split=False, words=WORDS):
+    return {"bench": "ceiling", "method": method, "num_sms": num_sms, "warps_per_block": warps,
+            "words_in_flight": words if warps else None, "warp_split": split,
             "bytes_per_gpu": 3 << 28, "time_us": 1.0, "gbps": gbps, "gbps_min": gbps, "gbps_max": gbps,
             "gbps_gpu": 4 * gbps, "ranks_on_gpu": 4 if shared else 1, "pct_of_raw": None, "ranks_share_gpus": shared}
 
@@ -51,3 +53,16 @@ def test_warp_splits_are_lines_by_warps_a_gpu_not_the_methods_points():
     assert lines["sm stores, 96 warps a GPU"] == ([6, 24], [306.0, 324.0])
     table = report.format_table(rows_of(shared=False, splits=((6, 32),)), COLUMNS)
     assert "warps/SM" in table.splitlines()[0] and any(" 32 " in line for line in table.splitlines())
+
+
+def test_deep_rows_are_a_line_of_their_own_not_the_methods_or_a_splits_points():
+    # The deep row at 12 SMs has 192 warps a GPU too: it must not join that line.
+    deep = [row(METHODS[0], num_sms, WARPS, 500.0 + num_sms, False, words=DEEP_WORDS) for num_sms in (12, 24)]
+    panel = plot_series(rows_of(shared=False, splits=((6, 32), (24, 8))) + deep)
+    lines = {label: (x, y) for label, x, y in panel["series"]}
+    assert lines[METHODS[0]] == ([12, 24], [112.0, 124.0])
+    assert lines["sm stores, 192 warps a GPU"] == ([6, 12, 24], [306.0, 112.0, 324.0])
+    assert lines[f"sm stores, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [512.0, 524.0])
+    table = report.format_table(rows_of(shared=False) + deep, COLUMNS)
+    assert "words/lane" in table.splitlines()[0]
+    assert sum(f" {DEEP_WORDS} " in line for line in table.splitlines()) == 2
