@@ -181,8 +181,9 @@ void Buffer::barrier(cudaStream_t stream) {
 }
 
 void Buffer::store_to_peers(const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
-                            cudaStream_t stream, bool bulk_copies) {
-  peer_copy::store_to_peers(state_->core, src, bytes, dst_offset, include_self, num_sms, bulk_copies, stream);
+                            cudaStream_t stream, bool bulk_copies, int warps_per_block, int words_in_flight) {
+  peer_copy::store_to_peers(state_->core, src, bytes, dst_offset, include_self, num_sms, warps_per_block,
+                            words_in_flight, bulk_copies, stream);
 }
 
 void Buffer::load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream) {

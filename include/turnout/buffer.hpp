@@ -182,10 +182,13 @@ class Buffer {
 
   // Copies `bytes` from `src` into every NVL peer's buffer (this rank's own
   // too if include_self) at dst_offset + this rank's nvl_rank * bytes, with
-  // 16-byte SM stores on `num_sms` blocks, or with bulk copies through each
-  // block's shared memory (sm_90's cp.async.bulk). The NVLink ceiling of the bench.
+  // 16-byte SM stores from `warps_per_block` warps (1-32) on each of `num_sms`
+  // blocks, or with bulk copies through each block's shared memory (sm_90's
+  // cp.async.bulk; one thread a block, whatever `warps_per_block`). SM stores
+  // keep `words_in_flight` 16-byte loads a lane (1, 2, 4 or 8) in flight before
+  // their stores. The NVLink ceiling of the bench.
   void store_to_peers(const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
-                      cudaStream_t stream, bool bulk_copies = false);
+                      cudaStream_t stream, bool bulk_copies = false, int warps_per_block = 16, int words_in_flight = 1);
   // Reads [src_offset, src_offset + bytes) of every NVL peer's buffer into
   // dst + nvl_rank * bytes (dst holds num_nvl_ranks * bytes).
   void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);

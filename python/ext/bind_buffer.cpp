@@ -107,10 +107,12 @@ BufferClass bind_buffer(nb::module_& m) {
       .def(
           "store_to_peers",
           [](Buffer& b, uintptr_t src, size_t bytes, size_t dst_offset, bool include_self, int num_sms, uintptr_t s,
-             bool bulk) {
-            b.store_to_peers(ptr<const void>(src), bytes, dst_offset, include_self, num_sms, stream(s), bulk);
+             bool bulk, int warps_per_block, int words_in_flight) {
+            b.store_to_peers(ptr<const void>(src), bytes, dst_offset, include_self, num_sms, stream(s), bulk,
+                             warps_per_block, words_in_flight);
           },
-          "src"_a, "bytes"_a, "dst_offset"_a, "include_self"_a, "num_sms"_a, "stream"_a, "bulk"_a = false)
+          "src"_a, "bytes"_a, "dst_offset"_a, "include_self"_a, "num_sms"_a, "stream"_a, "bulk"_a = false,
+          "warps_per_block"_a = 16, "words_in_flight"_a = 1)
       .def(
           "load_from_peers",
           [](Buffer& b, uintptr_t dst, size_t bytes, size_t src_offset, int num_sms, uintptr_t s) {

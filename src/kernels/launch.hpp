@@ -29,9 +29,12 @@ void launch_barrier(void* const* control, int nvl_rank, int num_nvl_ranks, const
 // Shrink mode: stores `value` into one rank's mask word, in order on `stream`.
 void launch_set_mask(int32_t* word, int32_t value, cudaStream_t stream);
 
-// `peers`: device table of NVL peers' user buffers.
+// `peers`: device table of NVL peers' user buffers; `threads` a block (a
+// multiple of 32, at most 1024); `words_in_flight` 16-byte loads a lane
+// before their stores (1, 2, 4 or 8).
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
-                           size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);
+                           size_t dst_offset, bool include_self, int num_sms, int threads, int words_in_flight,
+                           cudaStream_t stream);
 // The same with bulk copies through shared memory (sm_90).
 void launch_store_to_peers_bulk(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                                 size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);

@@ -10,21 +10,35 @@ namespace turnout::kernels {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kMaxThreads = 1024;
 
-__global__ void __launch_bounds__(kThreads)
+// Any block size up to kMaxThreads: the bench compares as many warps on
+// fewer SMs with the same warps spread over more. Each lane has kWords loads
+// in flight before their stores: with one, a warp's rate is bound by the load's
+// round trip; the data kernels copy rows with seven or eight.
+template <int kWords>
+__global__ void __launch_bounds__(kMaxThreads)
     store_to_peers_kernel(void* const* peers, int nvl_rank, int num_nvl_ranks, const int4* src, size_t n16,
                           size_t dst_offset, bool include_self) {
-  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t dst_index = (dst_offset + nvl_rank * n16 * sizeof(int4)) / sizeof(int4);
-  for (size_t i = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; i < n16; i += stride) {
-    const int4 v = __ldg(src + i);
+  auto store = [&](size_t i, const int4& v) {
     // Start at the next peer so ranks do not all hit peer 0 first.
     for (int s = 1; s <= num_nvl_ranks; ++s) {
       const int p = (nvl_rank + s) % num_nvl_ranks;
       if (p == nvl_rank && !include_self) continue;
       static_cast<int4*>(peers[p])[dst_index + i] = v;
     }
+  };
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kWords - 1) * threads < n16; i += kWords * threads) {
+    int4 v[kWords];
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) v[u] = __ldg(src + i + u * threads);
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) store(i + u * threads, v[u]);
   }
+  for (; i < n16; i += threads) store(i, __ldg(src + i));
 }
 
 // The same stores as bulk copies: thread 0 of each block stages the block's
@@ -86,10 +100,15 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
-                           size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream) {
+                           size_t dst_offset, bool include_self, int num_sms, int threads, int words_in_flight,
+                           cudaStream_t stream) {
   if (bytes == 0) return;
-  store_to_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
-                                                          bytes / sizeof(int4), dst_offset, include_self);
+  const auto kernel = words_in_flight == 8   ? store_to_peers_kernel<8>
+                      : words_in_flight == 4 ? store_to_peers_kernel<4>
+                      : words_in_flight == 2 ? store_to_peers_kernel<2>
+                                             : store_to_peers_kernel<1>;
+  kernel<<<num_sms, threads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
+                                          bytes / sizeof(int4), dst_offset, include_self);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -25,13 +25,23 @@ void check(const char* op, const void* local, size_t bytes, size_t offset, int n
 }  // namespace
 
 void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
-                    bool bulk, cudaStream_t stream) {
+                    int warps_per_block, int words_in_flight, bool bulk, cudaStream_t stream) {
   const char* op = "store_to_peers";
   core.require_alive(op);
   const Topology& t = core.topology();
   check(op, src, bytes, dst_offset, t.num_nvl_ranks, core.options().num_nvl_bytes, num_sms);
-  const auto launch = bulk ? kernels::launch_store_to_peers_bulk : kernels::launch_store_to_peers;
-  launch(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset, include_self, num_sms, stream);
+  if (warps_per_block < 1 || warps_per_block > 32)
+    throw InvalidArgument(std::string(op) + ": warps_per_block must be in [1, 32], got " +
+                          std::to_string(warps_per_block));
+  if (words_in_flight != 1 && words_in_flight != 2 && words_in_flight != 4 && words_in_flight != 8)
+    throw InvalidArgument(std::string(op) + ": words_in_flight must be 1, 2, 4 or 8, got " +
+                          std::to_string(words_in_flight));
+  if (bulk)
+    kernels::launch_store_to_peers_bulk(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset,
+                                        include_self, num_sms, stream);
+  else
+    kernels::launch_store_to_peers(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset,
+                                   include_self, num_sms, warps_per_block * 32, words_in_flight, stream);
 }
 
 void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream) {

@@ -1,8 +1,10 @@
-"""Peer-mapped NVL memory: SM stores and bulk copies into every peer, and SM
-loads from every peer, land where they should, for every pair of ranks."""
+"""Peer-mapped NVL memory: SM stores (from 16 warps a block, and from 3; one
+word a lane in flight, and eight) and bulk copies into every peer, and SM
+loads from every peer, land where they should, for every pair of ranks; a
+warp count or words in flight out of range is refused."""
 import torch
 
-from harness import assert_equal, generator
+from harness import assert_equal, assert_raises, generator
 
 # Not a power of two, so the copy loops' last partial round is exercised.
 BYTES_PER_RANK = (1 << 20) + 16 * 37
@@ -22,16 +24,26 @@ def test_store_to_and_load_from_every_peer(ctx):
             stream = torch.cuda.current_stream().cuda_stream
             src = srcs[ctx.rank].to(ctx.device)
             local = buf.get_local_buffer_tensor(torch.uint8)[:n * B].view(n, B)
-            for bulk in (False, True):
+            for bulk, warps, words in ((False, 16, 1), (False, 3, 1), (False, 16, 8), (False, 3, 8), (True, 16, 1)):
                 local.fill_(0xA5)  # what the other way stored must not pass for this one's
                 buf._barrier()
                 # Each rank writes its bytes into slot `rank` of every buffer, its own included.
-                buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream, bulk)
+                buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS, stream, bulk, warps, words)
                 buf._barrier()
-                how = "bulk copies" if bulk else "SM stores"
+                how = "bulk copies" if bulk else f"SM stores, {warps} warps a block, {words} words a lane"
                 for p in range(n):
                     assert_equal(local[p], srcs[p],
                                  f"n={n}, {how}: slot {p} of rank {ctx.rank}'s buffer (stored by rank {p})")
+
+            # Refused before any store: the buffer is still as the last round left it.
+            for warps in (0, 33):
+                assert_raises(ValueError, lambda: buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS,
+                                                                             stream, False, warps),
+                              "warps_per_block", str(warps))
+            for words in (0, 3, 16):
+                assert_raises(ValueError, lambda: buf._native.store_to_peers(src.data_ptr(), B, 0, True, NUM_SMS,
+                                                                             stream, False, 16, words),
+                              "words_in_flight", str(words))
 
             # Slot p read from every peer q must hold rank p's bytes.
             dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)

@@ -2,7 +2,11 @@
 (16-byte stores) and with bulk copies through shared memory (one thread a
 block issuing cp.async.bulk). The NVLink figure every later result is compared
 with; where ranks share a GPU, the local copy (HBM) ceiling of that GPU
-instead."""
+instead. The plain kernel also runs with a GPU's warps split otherwise
+between SMs (as many warps on fewer SMs, or spread over more): whether its
+store rate is bound per SM or per warp; and with eight loads a lane in flight
+before their stores, as the data kernels copy rows, where the plain kernel
+has one."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -23,6 +27,8 @@ METHODS = ("sm stores", "bulk copies")
 COLUMNS = [
     column("copy", "method"),
     column("SMs", "num_sms"),
+    column("warps/SM", "warps_per_block"),
+    column("words/lane", "words_in_flight"),
     column("MiB/GPU", "bytes_per_gpu", "{:.0f}", scale=2**20),
     column("time us", "time_us", "{:.1f}"),
     column("GB/s", "gbps", "{:.1f}"),
@@ -33,6 +39,13 @@ COLUMNS = [
 
 SM_COUNTS = (8, 12, 16, 24, 32, 48, 64, 96, 132)
 QUICK_SM_COUNTS = (12, 24, 96)
+# The plain kernel's warps a block, and (SMs, warps a block) of the splits:
+# 96 and 192 warps a GPU on 6 to 48 SMs (with the rows above at 12 SMs).
+WARPS = 16
+WARP_SPLITS = ((6, 16), (12, 8), (24, 4), (6, 32), (24, 8), (48, 4))
+SPLIT_TOTALS = (96, 192)
+# 16-byte loads a lane in flight: the plain kernel's, and the deep rows'.
+WORDS, DEEP_WORDS = 1, 8
 
 
 def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
@@ -48,20 +61,26 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     bytes_per_gpu = (native.num_nvl_ranks - 1) * bytes_per_peer
-    progress = Progress(len(METHODS) * len(sm_counts), "ceiling", enabled=rank == 0)
+    runs = [(method, num_sms, WARPS, WORDS, False) for method in METHODS for num_sms in sm_counts]
+    if not quick:
+        runs += [(METHODS[0], num_sms, warps, WORDS, True) for num_sms, warps in WARP_SPLITS]
+        runs += [(METHODS[0], num_sms, WARPS, DEEP_WORDS, False) for num_sms in sm_counts]
+    progress = Progress(len(runs), "ceiling", enabled=rank == 0)
     rows = []
-    for method in METHODS:
+    for method, num_sms, warps, words, split in runs:
         bulk = method == "bulk copies"
-        for num_sms in sm_counts:
-            progress.step(f"{method}, {num_sms} SMs")
-            times = time_each(
-                lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream, bulk),
-                iters, warmup,
-                # Outside the timed region: every GPU leaves the barrier together, so
-                # each one's stores meet its peers' stores on the links.
-                before=lambda: native.barrier(stream))
-            rows.append({"bench": "ceiling", "method": method, "num_sms": num_sms, "bytes_per_gpu": bytes_per_gpu,
-                         "time_us": statistics.median(times), "ranks_on_gpu": native.ranks_on_gpu})
+        progress.step(f"{method}, {num_sms} SMs, {warps} warps a block, {words} words a lane")
+        times = time_each(
+            lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream, bulk, warps,
+                                          words),
+            iters, warmup,
+            # Outside the timed region: every GPU leaves the barrier together, so
+            # each one's stores meet its peers' stores on the links.
+            before=lambda: native.barrier(stream))
+        rows.append({"bench": "ceiling", "method": method, "num_sms": num_sms,
+                     "warps_per_block": None if bulk else warps, "words_in_flight": None if bulk else words,
+                     "warp_split": split, "bytes_per_gpu": bytes_per_gpu,
+                     "time_us": statistics.median(times), "ranks_on_gpu": native.ranks_on_gpu})
     progress.close()
     return rows
 
@@ -86,14 +105,26 @@ def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
 
 
 def plot_series(rows: List[Dict]) -> Dict:
-    """One line per copy method over the SM counts."""
+    """One line per copy method over the SM counts (the splits and deep rows
+    left out), one per warp total of the splits (with the plain kernel's rows
+    of that total), and one of the deep rows."""
     shared = bool(rows) and rows[0].get("ranks_share_gpus")
     key = "gbps_gpu" if shared else "gbps"
+    plain = [r for r in rows if r.get("words_in_flight") in (None, WORDS)]
+    deep = [r for r in rows if r.get("words_in_flight") == DEEP_WORDS]
     series = []
     for method in METHODS:
-        mine = [r for r in rows if r.get("method", METHODS[0]) == method]
+        mine = [r for r in plain if r.get("method", METHODS[0]) == method and not r.get("warp_split")]
         if mine:
             series.append((method, [r["num_sms"] for r in mine], [r[key] for r in mine]))
+    for total in SPLIT_TOTALS:
+        mine = sorted((r for r in plain if r.get("warps_per_block") and r["num_sms"] * r["warps_per_block"] == total),
+                      key=lambda r: r["num_sms"])
+        if len(mine) > 1:
+            series.append((f"sm stores, {total} warps a GPU", [r["num_sms"] for r in mine], [r[key] for r in mine]))
+    if deep:
+        series.append((f"sm stores, {DEEP_WORDS} words a lane in flight", [r["num_sms"] for r in deep],
+                       [r[key] for r in deep]))
     ticks = sorted({r["num_sms"] for r in rows})
     if shared:
         return {"x": ticks, "series": series, "xlabel": "SMs per rank",
