@@ -1,5 +1,5 @@
-"""Peer-mapped NVL memory: SM stores (from 16 warps a block, and from 3; one
-word a lane in flight, and eight) and bulk copies into every peer, and SM
+"""Peer-mapped NVL memory: SM stores (from 16 warps a block, and from 3; one,
+two, four and eight words a lane in flight) and bulk copies into every peer, and SM
 loads from every peer, land where they should, for every pair of ranks; a
 warp count or words in flight out of range is refused."""
 import torch
@@ -24,7 +24,8 @@ def test_store_to_and_load_from_every_peer(ctx):
             stream = torch.cuda.current_stream().cuda_stream
             src = srcs[ctx.rank].to(ctx.device)
             local = buf.get_local_buffer_tensor(torch.uint8)[:n * B].view(n, B)
-            for bulk, warps, words in ((False, 16, 1), (False, 3, 1), (False, 16, 8), (False, 3, 8), (True, 16, 1)):
+            for bulk, warps, words in ((False, 16, 1), (False, 3, 1), (False, 16, 2), (False, 3, 4), (False, 16, 8),
+                                       (False, 3, 8), (True, 16, 1)):
                 local.fill_(0xA5)  # what the other way stored must not pass for this one's
                 buf._barrier()
                 # Each rank writes its bytes into slot `rank` of every buffer, its own included.
