@@ -178,23 +178,6 @@ def test_narrower_rows_alone_are_taken(recorder):
     assert call(**narrower(call)) is not None and recorder.calls[-1]["args"]["hidden"] == H - 8
 
 
-@pytest.mark.parametrize("case", sorted(DECLINED))
-def test_a_call_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
-    call = Call()
-    assert call(**DECLINED[case](call)) is None
-    assert recorder.calls == []
-
-
-def test_an_entry_that_does_not_take_the_buffer_gives_none(recorder):
-    recorder.code = 1
-    assert Call()() is None and len(recorder.calls) == 1
-
-
-def test_the_c_entry_does_not_take_what_is_not_its_buffer():
-    MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
-    assert Call()() is None
-
-
 def test_bad_sizes_or_phase_are_errors_naming_them(recorder):
     with pytest.raises(TypeError, match="low_latency_combine: sizes"):
         Call()(sizes=[L, ROWS, H, M, E, PLAN])
@@ -377,18 +360,29 @@ DISPATCH_DECLINED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(DISPATCH_DECLINED))
-def test_a_dispatch_that_is_not_the_common_case_is_declined_before_the_entry(recorder, case):
-    call = DispatchCall()
-    assert call(**DISPATCH_DECLINED[case](call)) is None
+# Both ops' declined calls: (id, the op's call, the change to its arguments).
+DECLINED_CASES = ([(f"combine: {k}", Call, DECLINED[k]) for k in sorted(DECLINED)] +
+                  [(f"dispatch: {k}", DispatchCall, DISPATCH_DECLINED[k]) for k in sorted(DISPATCH_DECLINED)])
+OPS = pytest.mark.parametrize("make", [Call, DispatchCall], ids=["combine", "dispatch"])
+
+
+@pytest.mark.parametrize("name, make, change", DECLINED_CASES, ids=[case[0] for case in DECLINED_CASES])
+def test_a_call_that_is_not_the_common_case_is_declined_before_the_entry(recorder, name, make, change):
+    call = make()
+    assert call(**change(call)) is None
     assert recorder.calls == []
 
 
-def test_a_dispatch_entry_that_does_not_take_the_buffer_gives_none(recorder):
+@OPS
+def test_an_entry_that_does_not_take_the_buffer_gives_none(recorder, make):
     recorder.code = 1
-    assert DispatchCall()() is None and len(recorder.calls) == 1
+    assert make()() is None and len(recorder.calls) == 1
+
+
+@OPS
+def test_the_c_entry_does_not_take_what_is_not_its_buffer(make):
     MODULE.set_low_latency_entry(_C.Buffer.low_latency_entry)
-    assert DispatchCall()() is None
+    assert make()() is None
 
 
 def dispatches_by_native(context):
