@@ -186,8 +186,10 @@ void Buffer::store_to_peers(const void* src, size_t bytes, size_t dst_offset, bo
                             words_in_flight, bulk_copies, stream);
 }
 
-void Buffer::load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream) {
-  peer_copy::load_from_peers(state_->core, dst, bytes, src_offset, num_sms, stream);
+void Buffer::load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream,
+                             bool include_self, int warps_per_block, int words_in_flight) {
+  peer_copy::load_from_peers(state_->core, dst, bytes, src_offset, include_self, num_sms, warps_per_block,
+                             words_in_flight, stream);
 }
 
 void Buffer::join(cudaStream_t waiter, cudaStream_t waited) {

@@ -189,9 +189,14 @@ class Buffer {
   // their stores. The NVLink ceiling of the bench.
   void store_to_peers(const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
                       cudaStream_t stream, bool bulk_copies = false, int warps_per_block = 16, int words_in_flight = 1);
-  // Reads [src_offset, src_offset + bytes) of every NVL peer's buffer into
-  // dst + nvl_rank * bytes (dst holds num_nvl_ranks * bytes).
-  void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
+  // Reads [src_offset, src_offset + bytes) of every NVL peer's buffer (this
+  // rank's own too if include_self) into dst + the peer's nvl_rank * bytes
+  // (dst holds num_nvl_ranks * bytes), with 16-byte SM loads from
+  // `warps_per_block` warps on each of `num_sms` blocks, `words_in_flight`
+  // loads a lane and peer (1, 2, 4 or 8) before their stores. The bench's
+  // NVLink ceiling for reads.
+  void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream,
+                       bool include_self = true, int warps_per_block = 16, int words_in_flight = 1);
 
   // Makes `waiter` wait for the work enqueued on `waited` so far (one reused
   // event: cheaper than a fresh one per call).

@@ -115,10 +115,13 @@ BufferClass bind_buffer(nb::module_& m) {
           "warps_per_block"_a = 16, "words_in_flight"_a = 1)
       .def(
           "load_from_peers",
-          [](Buffer& b, uintptr_t dst, size_t bytes, size_t src_offset, int num_sms, uintptr_t s) {
-            b.load_from_peers(ptr<void>(dst), bytes, src_offset, num_sms, stream(s));
+          [](Buffer& b, uintptr_t dst, size_t bytes, size_t src_offset, int num_sms, uintptr_t s, bool include_self,
+             int warps_per_block, int words_in_flight) {
+            b.load_from_peers(ptr<void>(dst), bytes, src_offset, num_sms, stream(s), include_self, warps_per_block,
+                              words_in_flight);
           },
-          "dst"_a, "bytes"_a, "src_offset"_a, "num_sms"_a, "stream"_a);
+          "dst"_a, "bytes"_a, "src_offset"_a, "num_sms"_a, "stream"_a, "include_self"_a = true,
+          "warps_per_block"_a = 16, "words_in_flight"_a = 1);
   return buffer;
 }
 

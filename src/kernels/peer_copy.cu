@@ -9,7 +9,6 @@
 namespace turnout::kernels {
 namespace {
 
-constexpr int kThreads = 512;
 constexpr int kMaxThreads = 1024;
 
 // Any block size up to kMaxThreads: the bench compares as many warps on
@@ -87,14 +86,32 @@ __global__ void __launch_bounds__(32)
   device::bulk_wait_all();
 }
 
-__global__ void __launch_bounds__(kThreads)
-    load_from_peers_kernel(void* const* peers, int num_nvl_ranks, int4* dst, size_t n16, size_t src_offset) {
-  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+// The reverse of store_to_peers_kernel: every lane reads from the peers, kWords
+// loads a peer in flight before their stores into local memory. Another GPU
+// wrote the data: the loads bypass the (non-coherent) L1.
+template <int kWords>
+__global__ void __launch_bounds__(kMaxThreads)
+    load_from_peers_kernel(void* const* peers, int nvl_rank, int num_nvl_ranks, int4* dst, size_t n16,
+                           size_t src_offset, bool include_self) {
+  const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t src_index = src_offset / sizeof(int4);
-  for (size_t i = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; i < n16; i += stride)
-    for (int p = 0; p < num_nvl_ranks; ++p)
-      // Another GPU wrote this: bypass the (non-coherent) L1.
-      dst[p * n16 + i] = __ldcv(static_cast<const int4*>(peers[p]) + src_index + i);
+  auto copy = [&](size_t i, int count) {
+    for (int s = 1; s <= num_nvl_ranks; ++s) {
+      const int p = (nvl_rank + s) % num_nvl_ranks;
+      if (p == nvl_rank && !include_self) continue;
+      const int4* src = static_cast<const int4*>(peers[p]) + src_index;
+      int4 v[kWords];
+#pragma unroll
+      for (int u = 0; u < kWords; ++u)
+        if (u < count) v[u] = __ldcv(src + i + u * threads);
+#pragma unroll
+      for (int u = 0; u < kWords; ++u)
+        if (u < count) dst[p * n16 + i + u * threads] = v[u];
+    }
+  };
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kWords - 1) * threads < n16; i += kWords * threads) copy(i, kWords);
+  for (; i < n16; i += threads) copy(i, 1);
 }
 
 }  // namespace
@@ -122,11 +139,16 @@ void launch_store_to_peers_bulk(void* const* peers, int nvl_rank, int num_nvl_ra
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_load_from_peers(void* const* peers, int num_nvl_ranks, void* dst, size_t bytes, size_t src_offset,
-                            int num_sms, cudaStream_t stream) {
+void launch_load_from_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, void* dst, size_t bytes,
+                            size_t src_offset, bool include_self, int num_sms, int threads, int words_in_flight,
+                            cudaStream_t stream) {
   if (bytes == 0) return;
-  load_from_peers_kernel<<<num_sms, kThreads, 0, stream>>>(peers, num_nvl_ranks, static_cast<int4*>(dst),
-                                                           bytes / sizeof(int4), src_offset);
+  const auto kernel = words_in_flight == 8   ? load_from_peers_kernel<8>
+                      : words_in_flight == 4 ? load_from_peers_kernel<4>
+                      : words_in_flight == 2 ? load_from_peers_kernel<2>
+                                             : load_from_peers_kernel<1>;
+  kernel<<<num_sms, threads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<int4*>(dst), bytes / sizeof(int4),
+                                          src_offset, include_self);
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -22,6 +22,15 @@ void check(const char* op, const void* local, size_t bytes, size_t offset, int n
                           " bytes needed, the NVL buffer holds " + std::to_string(capacity));
 }
 
+void check_sm_copy(const char* op, int warps_per_block, int words_in_flight) {
+  if (warps_per_block < 1 || warps_per_block > 32)
+    throw InvalidArgument(std::string(op) + ": warps_per_block must be in [1, 32], got " +
+                          std::to_string(warps_per_block));
+  if (words_in_flight != 1 && words_in_flight != 2 && words_in_flight != 4 && words_in_flight != 8)
+    throw InvalidArgument(std::string(op) + ": words_in_flight must be 1, 2, 4 or 8, got " +
+                          std::to_string(words_in_flight));
+}
+
 }  // namespace
 
 void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
@@ -30,12 +39,7 @@ void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_
   core.require_alive(op);
   const Topology& t = core.topology();
   check(op, src, bytes, dst_offset, t.num_nvl_ranks, core.options().num_nvl_bytes, num_sms);
-  if (warps_per_block < 1 || warps_per_block > 32)
-    throw InvalidArgument(std::string(op) + ": warps_per_block must be in [1, 32], got " +
-                          std::to_string(warps_per_block));
-  if (words_in_flight != 1 && words_in_flight != 2 && words_in_flight != 4 && words_in_flight != 8)
-    throw InvalidArgument(std::string(op) + ": words_in_flight must be 1, 2, 4 or 8, got " +
-                          std::to_string(words_in_flight));
+  check_sm_copy(op, warps_per_block, words_in_flight);
   if (bulk)
     kernels::launch_store_to_peers_bulk(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset,
                                         include_self, num_sms, stream);
@@ -44,12 +48,15 @@ void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_
                                    include_self, num_sms, warps_per_block * 32, words_in_flight, stream);
 }
 
-void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream) {
+void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, bool include_self, int num_sms,
+                     int warps_per_block, int words_in_flight, cudaStream_t stream) {
   const char* op = "load_from_peers";
   core.require_alive(op);
   check(op, dst, bytes, src_offset, 1, core.options().num_nvl_bytes, num_sms);
-  kernels::launch_load_from_peers(core.peer_nvl_table(), core.topology().num_nvl_ranks, dst, bytes, src_offset, num_sms,
-                                  stream);
+  check_sm_copy(op, warps_per_block, words_in_flight);
+  const Topology& t = core.topology();
+  kernels::launch_load_from_peers(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, dst, bytes, src_offset,
+                                  include_self, num_sms, warps_per_block * 32, words_in_flight, stream);
 }
 
 }  // namespace turnout::peer_copy

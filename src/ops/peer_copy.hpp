@@ -12,6 +12,7 @@ namespace turnout::peer_copy {
 
 void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
                     int warps_per_block, int words_in_flight, bool bulk, cudaStream_t stream);
-void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream);
+void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offset, bool include_self, int num_sms,
+                     int warps_per_block, int words_in_flight, cudaStream_t stream);
 
 }  // namespace turnout::peer_copy

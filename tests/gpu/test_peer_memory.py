@@ -1,7 +1,8 @@
 """Peer-mapped NVL memory: SM stores (from 16 warps a block, and from 3; one,
 two, four and eight words a lane in flight) and bulk copies into every peer, and SM
-loads from every peer, land where they should, for every pair of ranks; a
-warp count or words in flight out of range is refused."""
+loads from every peer (likewise, this rank's own buffer read or left out), land
+where they should, for every pair of ranks; a warp count or words in flight out
+of range is refused."""
 import torch
 
 from harness import assert_equal, assert_raises, generator
@@ -46,11 +47,23 @@ def test_store_to_and_load_from_every_peer(ctx):
                                                                              stream, False, 16, words),
                               "words_in_flight", str(words))
 
-            # Slot p read from every peer q must hold rank p's bytes.
+            # Slot p read from every peer q must hold rank p's bytes, whatever the warps and loads in flight; a
+            # read that leaves this rank's own buffer out leaves its slot of dst as it was.
             dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)
             for p in range(n):
-                dst.fill_(0xA5)  # a stale read from the previous round would not pass
-                buf._native.load_from_peers(dst.data_ptr(), B, p * B, NUM_SMS, stream)
-                torch.cuda.synchronize()
-                for q, got in enumerate(dst.view(n, B)):
-                    assert_equal(got, srcs[p], f"n={n}: rank {ctx.rank} read slot {p} of rank {q}'s buffer")
+                for include_self, warps, words in ((True, 16, 1), (True, 3, 2), (False, 16, 4), (False, 3, 8)):
+                    dst.fill_(0xA5)  # a stale read from the previous round would not pass
+                    buf._native.load_from_peers(dst.data_ptr(), B, p * B, NUM_SMS, stream, include_self, warps, words)
+                    torch.cuda.synchronize()
+                    how = f"{warps} warps a block, {words} words a lane, own buffer {'read' if include_self else 'not'}"
+                    for q, got in enumerate(dst.view(n, B)):
+                        if q == ctx.rank and not include_self:
+                            assert_equal(got, torch.full_like(got, 0xA5), f"n={n}, {how}: rank {ctx.rank}'s own slot")
+                        else:
+                            assert_equal(got, srcs[p],
+                                         f"n={n}, {how}: rank {ctx.rank} read slot {p} of rank {q}'s buffer")
+            for warps, words in ((0, 1), (33, 1), (16, 3), (16, 16)):
+                bad = "warps_per_block" if words == 1 else "words_in_flight"
+                load = buf._native.load_from_peers
+                assert_raises(ValueError, lambda: load(dst.data_ptr(), B, 0, NUM_SMS, stream, True, warps, words),
+                              bad, str(warps if words == 1 else words))

@@ -1,7 +1,7 @@
-"""The ceiling bench's table and plot keep its two copy methods apart: a line
-per method, each with its own SM counts and figures; the plain kernel's
+"""The ceiling bench's table and plot keep its copy methods apart: a line per
+method, each with its own SM counts and figures; the plain store kernel's
 warp splits are lines of their own, by warps a GPU, and the rows with eight
-words a lane in flight one more."""
+words a lane in flight one more for each of stores and loads."""
 from turnout.bench import report
 from turnout.bench.ceiling import COLUMNS, DEEP_WORDS, METHODS, WARPS, WORDS, plot_series
 
@@ -17,7 +17,8 @@ def rows_of(shared: bool, splits=()):
     rows = []
     for m, method in enumerate(METHODS):
         for num_sms in (12, 24):
-            rows.append(row(method, num_sms, WARPS if m == 0 else None, 100.0 * (m + 1) + num_sms, shared))
+            rows.append(row(method, num_sms, None if method == "bulk copies" else WARPS, 100.0 * (m + 1) + num_sms,
+                            shared))
     rows += [row(METHODS[0], num_sms, warps, 300.0 + num_sms, shared, True) for num_sms, warps in splits]
     return rows
 
@@ -25,9 +26,9 @@ def rows_of(shared: bool, splits=()):
 def test_a_line_per_copy_method():
     panel = plot_series(rows_of(shared=False))
     assert [label for label, _, _ in panel["series"]] == list(METHODS)
-    (_, sms_x, stores), (_, bulk_x, bulk) = panel["series"]
-    assert sms_x == bulk_x == [12, 24] == panel["x"]
-    assert stores == [112.0, 124.0] and bulk == [212.0, 224.0]
+    (_, sms_x, stores), (_, bulk_x, bulk), (_, loads_x, loads) = panel["series"]
+    assert sms_x == bulk_x == loads_x == [12, 24] == panel["x"]
+    assert stores == [112.0, 124.0] and bulk == [212.0, 224.0] and loads == [312.0, 324.0]
     assert panel["ref"][1] == "NVLink raw"
 
 
@@ -42,6 +43,7 @@ def test_the_table_names_the_method():
     lines = table.splitlines()
     assert "copy" in lines[0]
     assert sum("bulk copies" in line for line in lines) == 2 and sum("sm stores" in line for line in lines) == 2
+    assert sum("sm loads" in line for line in lines) == 2
 
 
 def test_warp_splits_are_lines_by_warps_a_gpu_not_the_methods_points():
@@ -63,6 +65,19 @@ def test_deep_rows_are_a_line_of_their_own_not_the_methods_or_a_splits_points():
     assert lines[METHODS[0]] == ([12, 24], [112.0, 124.0])
     assert lines["sm stores, 192 warps a GPU"] == ([6, 12, 24], [306.0, 112.0, 324.0])
     assert lines[f"sm stores, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [512.0, 524.0])
+    assert f"sm loads, {DEEP_WORDS} words a lane in flight" not in lines
     table = report.format_table(rows_of(shared=False) + deep, COLUMNS)
     assert "words/lane" in table.splitlines()[0]
     assert sum(f" {DEEP_WORDS} " in line for line in table.splitlines()) == 2
+
+
+def test_loads_are_lines_of_their_own_never_a_stores_split_or_deep_line():
+    # 12 SMs x 16 warps is 192 warps a GPU, as the stores' split line counts them.
+    deep = [row(method, num_sms, WARPS, base + num_sms, False, words=DEEP_WORDS)
+            for method, base in ((METHODS[0], 500.0), (METHODS[2], 700.0)) for num_sms in (12, 24)]
+    panel = plot_series(rows_of(shared=False, splits=((6, 32), (24, 8))) + deep)
+    lines = {label: (x, y) for label, x, y in panel["series"]}
+    assert lines[METHODS[2]] == ([12, 24], [312.0, 324.0])
+    assert lines["sm stores, 192 warps a GPU"] == ([6, 12, 24], [306.0, 112.0, 324.0])
+    assert lines[f"sm stores, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [512.0, 524.0])
+    assert lines[f"sm loads, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [712.0, 724.0])

@@ -1,12 +1,13 @@
 """ceiling: every rank stores to every peer at once, with a plain SM kernel
 (16-byte stores) and with bulk copies through shared memory (one thread a
-block issuing cp.async.bulk). The NVLink figure every later result is compared
-with; where ranks share a GPU, the local copy (HBM) ceiling of that GPU
+block issuing cp.async.bulk), and reads from every peer at once with SM loads.
+The NVLink figure every later result is compared with; where ranks share a GPU, the local copy (HBM) ceiling of that GPU
 instead. The plain kernel also runs with a GPU's warps split otherwise
 between SMs (as many warps on fewer SMs, or spread over more): whether its
 store rate is bound per SM or per warp; and with eight loads a lane in flight
 before their stores, as the data kernels copy rows, where the plain kernel
-has one."""
+has one. The loads say whether a kernel that pulls its rows from the peers
+could move more bytes an SM than one that pushes them."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -19,10 +20,11 @@ from .progress import Progress
 from .report import NVLINK_RAW_GBPS, column, pct_of_raw, range_column
 from .timing import merge_ranks, time_each
 
-TITLE = (f"ceiling: all GPUs store to all peers at once (SM stores of 16 B, or bulk copies), wire bytes per GPU; "
+TITLE = (f"ceiling: all GPUs store to all peers at once (SM stores of 16 B, or bulk copies) or load from all of them "
+         f"(SM loads of 16 B), wire bytes per GPU; "
          f"NVLink raw {NVLINK_RAW_GBPS:.0f} GB/s")
 
-METHODS = ("sm stores", "bulk copies")
+METHODS = ("sm stores", "bulk copies", "sm loads")
 
 COLUMNS = [
     column("copy", "method"),
@@ -59,23 +61,30 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
         raise RuntimeError("ceiling: needs at least 2 ranks (on GPUs connected by NVLink, or sharing one GPU)")
     # Random bytes: a zero source could let the hardware take shortcuts.
     src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
+    # Where the loads land: a slot per rank, this rank's own left alone.
+    dst = torch.empty(world_size * bytes_per_peer, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     bytes_per_gpu = (native.num_nvl_ranks - 1) * bytes_per_peer
     runs = [(method, num_sms, WARPS, WORDS, False) for method in METHODS for num_sms in sm_counts]
     if not quick:
         runs += [(METHODS[0], num_sms, warps, WORDS, True) for num_sms, warps in WARP_SPLITS]
-        runs += [(METHODS[0], num_sms, WARPS, DEEP_WORDS, False) for num_sms in sm_counts]
+        runs += [(method, num_sms, WARPS, DEEP_WORDS, False) for method in (METHODS[0], METHODS[2])
+                 for num_sms in sm_counts]
     progress = Progress(len(runs), "ceiling", enabled=rank == 0)
     rows = []
     for method, num_sms, warps, words, split in runs:
         bulk = method == "bulk copies"
         progress.step(f"{method}, {num_sms} SMs, {warps} warps a block, {words} words a lane")
+        if method == "sm loads":
+            def copy():
+                native.load_from_peers(dst.data_ptr(), bytes_per_peer, 0, num_sms, stream, False, warps, words)
+        else:
+            def copy():
+                native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream, bulk, warps, words)
         times = time_each(
-            lambda: native.store_to_peers(src.data_ptr(), bytes_per_peer, 0, False, num_sms, stream, bulk, warps,
-                                          words),
-            iters, warmup,
+            copy, iters, warmup,
             # Outside the timed region: every GPU leaves the barrier together, so
-            # each one's stores meet its peers' stores on the links.
+            # each one's copies meet its peers' on the links.
             before=lambda: native.barrier(stream))
         rows.append({"bench": "ceiling", "method": method, "num_sms": num_sms,
                      "warps_per_block": None if bulk else warps, "words_in_flight": None if bulk else words,
@@ -107,7 +116,7 @@ def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
 def plot_series(rows: List[Dict]) -> Dict:
     """One line per copy method over the SM counts (the splits and deep rows
     left out), one per warp total of the splits (with the plain kernel's rows
-    of that total), and one of the deep rows."""
+    of that total), and one per method of its deep rows."""
     shared = bool(rows) and rows[0].get("ranks_share_gpus")
     key = "gbps_gpu" if shared else "gbps"
     plain = [r for r in rows if r.get("words_in_flight") in (None, WORDS)]
@@ -118,13 +127,16 @@ def plot_series(rows: List[Dict]) -> Dict:
         if mine:
             series.append((method, [r["num_sms"] for r in mine], [r[key] for r in mine]))
     for total in SPLIT_TOTALS:
-        mine = sorted((r for r in plain if r.get("warps_per_block") and r["num_sms"] * r["warps_per_block"] == total),
+        mine = sorted((r for r in plain if r.get("method", METHODS[0]) == METHODS[0] and r.get("warps_per_block")
+                       and r["num_sms"] * r["warps_per_block"] == total),
                       key=lambda r: r["num_sms"])
         if len(mine) > 1:
             series.append((f"sm stores, {total} warps a GPU", [r["num_sms"] for r in mine], [r[key] for r in mine]))
-    if deep:
-        series.append((f"sm stores, {DEEP_WORDS} words a lane in flight", [r["num_sms"] for r in deep],
-                       [r[key] for r in deep]))
+    for method in (METHODS[0], METHODS[2]):
+        mine = [r for r in deep if r.get("method", METHODS[0]) == method]
+        if mine:
+            series.append((f"{method}, {DEEP_WORDS} words a lane in flight", [r["num_sms"] for r in mine],
+                           [r[key] for r in mine]))
     ticks = sorted({r["num_sms"] for r in rows})
     if shared:
         return {"x": ticks, "series": series, "xlabel": "SMs per rank",
