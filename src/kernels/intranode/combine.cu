@@ -25,7 +25,7 @@
 namespace turnout::kernels {
 namespace {
 
-// Fewer threads than dispatch: each reducing lane keeps two to four words of
+// Fewer threads than dispatch: each reducing lane keeps two to eight words of
 // each of kRows rows in flight, which needs the registers.
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
