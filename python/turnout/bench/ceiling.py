@@ -1,13 +1,14 @@
 """ceiling: every rank stores to every peer at once, with a plain SM kernel
 (16-byte stores) and with bulk copies through shared memory (one thread a
 block issuing cp.async.bulk), and reads from every peer at once with SM loads.
-The NVLink figure every later result is compared with; where ranks share a GPU, the local copy (HBM) ceiling of that GPU
-instead. The plain kernel also runs with a GPU's warps split otherwise
-between SMs (as many warps on fewer SMs, or spread over more): whether its
-store rate is bound per SM or per warp; and with eight loads a lane in flight
-before their stores, as the data kernels copy rows, where the plain kernel
-has one. The loads say whether a kernel that pulls its rows from the peers
-could move more bytes an SM than one that pushes them."""
+The NVLink figure every later result is compared with; where ranks share a
+GPU, the local copy (HBM) ceiling of that GPU instead. The plain store kernel
+also runs with a GPU's warps split otherwise between SMs (as many warps on
+fewer SMs, or spread over more): whether its store rate is bound per SM or per
+warp; and with eight loads a lane in flight before their stores, as the data
+kernels copy rows, where the plain kernel has one. The loads say whether a
+kernel that pulls its rows from the peers could move more bytes an SM than
+one that pushes them."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -62,7 +63,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     # Random bytes: a zero source could let the hardware take shortcuts.
     src = torch.randint(0, 256, (bytes_per_peer,), dtype=torch.uint8, device="cuda")
     # Where the loads land: a slot per rank, this rank's own left alone.
-    dst = torch.empty(world_size * bytes_per_peer, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(native.num_nvl_ranks * bytes_per_peer, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     bytes_per_gpu = (native.num_nvl_ranks - 1) * bytes_per_peer
     runs = [(method, num_sms, WARPS, WORDS, False) for method in METHODS for num_sms in sm_counts]
