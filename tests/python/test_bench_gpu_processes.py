@@ -188,8 +188,8 @@ def test_bench_header_and_json_name_the_foreign_process(tmp_path, monkeypatch, c
 def test_bench_without_nvidia_smi_says_unknown_and_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    machine = {"gpus": [], "count": 0, "torch": "x", "cuda": None, "ranks": 4, "ranks_share_gpus": True,
-               "gpus_label": ""}
+    machine = {"gpus": ["H100"], "count": 1, "torch": "x", "cuda": None, "ranks": 4, "ranks_share_gpus": True,
+               "gpus_label": "H100"}
     monkeypatch.setattr(report, "machine_info", lambda ranks: machine)
     monkeypatch.setitem(sys.modules, "turnout.bench.ceiling", types.SimpleNamespace(
         TITLE="fake", COLUMNS=[report.column("figure", "figure")], run=lambda num_ranks, quick: []))
@@ -200,3 +200,20 @@ def test_bench_without_nvidia_smi_says_unknown_and_runs(tmp_path, monkeypatch, c
     assert "WARNING" not in printed
     doc = json.loads(out.read_text())["other_gpu_processes"]
     assert doc == {"gpus": "all", "start": "unknown (nvidia-smi not found)", "end": "unknown (nvidia-smi not found)"}
+
+
+def test_bench_without_a_gpu_says_so_once_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    machine = {"gpus": [], "count": 0, "torch": "x", "cuda": None, "ranks": 4, "ranks_share_gpus": True,
+               "gpus_label": ""}
+    monkeypatch.setattr(report, "machine_info", lambda ranks: machine)
+
+    def run(num_ranks, quick):
+        raise AssertionError("a subcommand ran without a GPU")
+    monkeypatch.setitem(sys.modules, "turnout.bench.ceiling", types.SimpleNamespace(
+        TITLE="fake", COLUMNS=[report.column("figure", "figure")], run=run))
+    out = tmp_path / "bench.json"
+    assert bench_main.main(["ceiling", "--json", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("no CUDA device is visible") == 1 and "Traceback" not in printed.err
+    assert printed.out == ""
+    assert not out.exists()

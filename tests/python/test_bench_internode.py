@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import turnout_reference as ref
-from turnout.bench import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS
+from turnout.bench import ON_REQUEST, SHAPE_OPTIONS, SUBCOMMANDS, report
 from turnout.bench.__main__ import main, parse_args
 from turnout.bench.internode import (
     DOMAIN_ENV,
@@ -209,6 +209,10 @@ def test_internode_runs_only_when_named():
 
 def test_command_line_refuses_one_domain_without_a_traceback(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv(DOMAIN_ENV, raising=False)
+    # A host with a GPU: the refusal is the domain's, whatever GPUs the test host has.
+    monkeypatch.setattr(report, "machine_info", lambda ranks: {
+        "gpus": ["H100"], "count": 1, "torch": "x", "cuda": None, "ranks": ranks, "ranks_share_gpus": True,
+        "gpus_label": "H100"})
     path = tmp_path / "out.json"
     assert main(["internode", "--ranks", "4", "--json", str(path)]) == 1
     err = capsys.readouterr().err

@@ -78,6 +78,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = ["python", "-m", "turnout.bench"] + (sys.argv[1:] if argv is None else list(argv))
     results, errors, panels = {}, {}, {}
     machine = report.machine_info(args.ranks)
+    if machine["count"] == 0:
+        # Every subcommand runs on GPUs: one line, not a traceback per subcommand.
+        print("turnout.bench: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver); "
+              "every benchmark needs at least one GPU", file=sys.stderr)
+        return 2
     num_ranks = machine["ranks"]
     # Another workload on these GPUs slows every figure: looked for before and after, said in the header.
     gpus = gpu_processes.bench_gpus(num_ranks, machine["count"])
