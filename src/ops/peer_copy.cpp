@@ -4,31 +4,30 @@
 #include <string>
 
 #include "kernels/launch.hpp"
+#include "ops/require.hpp"
 #include "runtime/align.hpp"
-#include "turnout/error.hpp"
 
 namespace turnout::peer_copy {
 namespace {
 
+using ops::require;
+using ops::str;
+
 void check(const char* op, const void* local, size_t bytes, size_t offset, int nvl_ranks, size_t capacity,
            int num_sms) {
-  const std::string fn = op;
-  if (!is_aligned(local, 16) || bytes % 16 || offset % 16)
-    throw InvalidArgument(fn + ": pointer, bytes and offset must be multiples of 16");
-  if (num_sms < 1 || num_sms > 1024)
-    throw InvalidArgument(fn + ": num_sms must be in [1, 1024], got " + std::to_string(num_sms));
-  if (offset + bytes * nvl_ranks > capacity)
-    throw InvalidArgument(fn + ": " + std::to_string(offset + bytes * nvl_ranks) +
-                          " bytes needed, the NVL buffer holds " + std::to_string(capacity));
+  require(is_aligned(local, 16) && bytes % 16 == 0 && offset % 16 == 0, op,
+          "pointer, bytes and offset must be multiples of 16");
+  require(num_sms >= 1 && num_sms <= 1024, op, [&] { return "num_sms must be in [1, 1024], got " + str(num_sms); });
+  const size_t needed = offset + bytes * nvl_ranks;
+  require(needed <= capacity, op,
+          [&] { return std::to_string(needed) + " bytes needed, the NVL buffer holds " + std::to_string(capacity); });
 }
 
 void check_sm_copy(const char* op, int warps_per_block, int words_in_flight) {
-  if (warps_per_block < 1 || warps_per_block > 32)
-    throw InvalidArgument(std::string(op) + ": warps_per_block must be in [1, 32], got " +
-                          std::to_string(warps_per_block));
-  if (words_in_flight != 1 && words_in_flight != 2 && words_in_flight != 4 && words_in_flight != 8)
-    throw InvalidArgument(std::string(op) + ": words_in_flight must be 1, 2, 4 or 8, got " +
-                          std::to_string(words_in_flight));
+  require(warps_per_block >= 1 && warps_per_block <= 32, op,
+          [&] { return "warps_per_block must be in [1, 32], got " + str(warps_per_block); });
+  require(words_in_flight == 1 || words_in_flight == 2 || words_in_flight == 4 || words_in_flight == 8, op,
+          [&] { return "words_in_flight must be 1, 2, 4 or 8, got " + str(words_in_flight); });
 }
 
 }  // namespace
