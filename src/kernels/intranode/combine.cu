@@ -167,9 +167,10 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
                                 : self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes;
       }
       const int64_t out_row = static_cast<int64_t>(t) * s.row_bytes;
-      // Words of each row a lane has in flight: eight at 2 ranks, four where
-      // the rows fit in registers with them (up to 4 ranks: 128 registers, no
-      // spills), two at 8 ranks (four spill 632 bytes there).
+      // Words of each row a lane has in flight: eight at 2 ranks (32 bytes of
+      // spills, still 4-5% faster than four at 8-20 SMs on 2x H200), four
+      // where the rows fit in registers with them (up to 4 ranks: 128
+      // registers, no spills), two at 8 ranks (four spill 632 bytes there).
       constexpr int kUnroll = kRows <= 2 ? 8 : kRows <= 4 ? 4 : 2;
       for (int v0 = lane; v0 < n16; v0 += 32 * kUnroll) {
         // Every word of every row is in flight before the first add.
