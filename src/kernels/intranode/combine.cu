@@ -20,6 +20,7 @@
 #include "kernels/intranode/notify_block.cuh"
 #include "kernels/intranode/ring_sender.cuh"
 #include "kernels/intranode/warp_group.cuh"
+#include "kernels/intranode/warp_stamps.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -74,17 +75,26 @@ __device__ void send_rows(const CombineParams& p, int channel) {
   const CombineSlot& s = p.slot;
   const int n16 = s.row_bytes / 16;
   const int total = r1 - r0;
+  WarpStamps::begin();
   for (int n = 0; n < total; ++n) {
+    WarpStamps::mark(kOther);
     out.reserve(n, p.ctx, lane);
+    WarpStamps::mark(kWait);
     if (out.mine(n)) {
       const int64_t row = r0 + n;
       char* slot = out.slot(n);
       device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + row * s.row_bytes, n16, lane);
+      WarpStamps::mark(kRow);
       if (lane < a.num_topk) reinterpret_cast<float*>(slot + s.weights)[lane] = a.topk_weights[row * a.num_topk + lane];
+      WarpStamps::mark(kSmall);
+      WarpStamps::row();
     }
     out.commit(n, lane);
+    WarpStamps::mark(kHandOff);
   }
   out.finish(total, lane);
+  WarpStamps::mark(kHandOff);
+  WarpStamps::print("combine", "send", me, channel, dst);
 }
 
 __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {

@@ -16,6 +16,7 @@
 #include "kernels/intranode/notify_block.cuh"
 #include "kernels/intranode/ring_sender.cuh"
 #include "kernels/intranode/warp_group.cuh"
+#include "kernels/intranode/warp_stamps.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -115,11 +116,14 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
   const DispatchSlot& s = p.slot;
 
   int sent = 0;
+  WarpStamps::begin();
   // Every warp of the group walks the same tokens and reaches the same round
   // barriers; warp g copies the tokens whose position is g modulo the group.
   for_each_token_to(a, R, dst, t0, t1, lane, [&](int t) {
     const int n = sent++;
+    WarpStamps::mark(kOther);
     out.reserve(n, p.ctx, lane);
+    WarpStamps::mark(kWait);
     if (out.mine(n)) {
       char* slot = out.slot(n);
       // The small loads first, so they overlap the row copy instead of
@@ -127,6 +131,7 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
       const TokenParts parts = load_token_parts(a, t, dst * p.experts_per_rank, p.experts_per_rank, lane);
       device::warp_copy_16<false>(slot, static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes, n16,
                                   lane);
+      WarpStamps::mark(kRow);
       auto* slot_scales = reinterpret_cast<int32_t*>(slot + s.scales);
 #pragma unroll
       for (int m = 0; m < 2; ++m)
@@ -137,10 +142,15 @@ __device__ void send_tokens(const DispatchParams& p, int channel) {
         reinterpret_cast<float*>(slot + s.weights)[lane] = parts.weight;
       }
       if (lane == 0) *reinterpret_cast<int32_t*>(slot + s.src) = t;
+      WarpStamps::mark(kSmall);
+      WarpStamps::row();
     }
     out.commit(n, lane);
+    WarpStamps::mark(kHandOff);
   });
   out.finish(sent, lane);
+  WarpStamps::mark(kHandOff);
+  WarpStamps::print("dispatch", "send", me, channel, dst);
 }
 
 // This rank's tokens for itself, in the order its ring would have held them:
@@ -154,8 +164,10 @@ __device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& 
   const int t0 = channel_begin(a.num_tokens, channel, C), t1 = channel_begin(a.num_tokens, channel + 1, C);
   const int n16 = a.row_bytes / 16;
   int n = 0;  // own tokens visited so far
+  WarpStamps::begin();
   for_each_token_to(a, R, me, t0, t1, lane, [&](int t) {
     if (n++ % group_warps != g) return;
+    WarpStamps::mark(kOther);
     const int64_t row = row0 + n - 1;
     const TokenParts parts = load_token_parts(a, t, me * p.experts_per_rank, p.experts_per_rank, lane);
     device::warp_copy_16<false>(static_cast<char*>(o.recv_x) + row * a.row_bytes,
@@ -163,7 +175,10 @@ __device__ void copy_own_tokens(const DispatchParams& p, const DispatchOutputs& 
     store_token_parts(o, a, row, parts, t, lane);
     auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
     for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = input_scale(a, t, i);
+    WarpStamps::mark(kRow);
+    WarpStamps::row();
   });
+  WarpStamps::print("dispatch", "own", me, channel, me);
 }
 
 // Rows [begin, end) that no token filled: padding, as past num_worst_tokens,
@@ -218,7 +233,9 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
   const DispatchSlot& s = p.slot;
 
   int consumed = 0;
+  WarpStamps::begin();
   while (consumed < count) {
+    WarpStamps::mark(kOther);
     if (g == 0 && lane == 0) {
       int32_t t = 0;
       const bool ok = device::bounded_wait(p.ctx, p.ctx.first_nvl_rank + src, WaitSite::kDispatchData, [&] {
@@ -228,6 +245,7 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
       s_tail[src] = ok ? t : -1;
     }
     device::named_barrier(1 + src, group_warps * 32);
+    WarpStamps::mark(kWait);
     const int avail = s_tail[src];
     if (avail < 0) {
       // Shrink mode: the source died mid-call (now masked); its rows left are padding.
@@ -252,12 +270,16 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
       store_token_parts(o, a, row, parts, src_idx, lane);
       auto* out_scales = static_cast<int32_t*>(o.recv_x_scales) + row * a.num_scales;
       for (int i = lane + 64; i < a.num_scales; i += 32) out_scales[i] = __ldcg(meta + s.scales / 4 + i);
+      WarpStamps::row();
     }
+    WarpStamps::mark(kRow);
     // Every warp has read its slots: hand them back to the sender.
     device::named_barrier(1 + src, group_warps * 32);
     if (g == 0 && lane == 0) device::store_release_sys(head, avail);
+    WarpStamps::mark(kHandOff);
     consumed = avail;
   }
+  WarpStamps::print("dispatch", "receive", me, channel, src);
 }
 
 // Rows past the received ones (num_worst_tokens; all of them when the call
