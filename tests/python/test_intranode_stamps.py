@@ -1,22 +1,13 @@
 """scripts/intranode_stamps.py: the reading of the intranode warps' stamp
 lines (src/kernels/intranode/warp_stamps.cuh's format) and their summary, on
 made-up lines whose times are known."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "intranode_stamps.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def stamps():
-    spec = importlib.util.spec_from_file_location("intranode_stamps", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(SCRIPT.parent))
+    return load_script("intranode_stamps")
 
 
 def line(role, warp, rows, start_ns, end_ns, cycles, op="dispatch", peer=1):

@@ -1,22 +1,16 @@
 """scripts/low_latency_timeline.py --stamps: the reading of the kernels'
 stamp lines (src/kernels/low_latency/stamps.cuh's format), on made-up lines
 whose times are known."""
-import importlib.util
 import os
 import types
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "low_latency_timeline.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def timeline():
-    spec = importlib.util.spec_from_file_location("low_latency_timeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("low_latency_timeline")
 
 
 def line(block, start_ns, end_ns, cycles, call=7, phases=3, op="dispatch"):
