@@ -1,12 +1,14 @@
-"""Where the intranode warps' time goes: dispatch (BF16, FP8) and combine at
-the bench's shape (4096 tokens, hidden 7168, top-8 of 256 experts), eager
-calls each after an L2 flush, in a build with the CMake option
-TURNOUT_INTRANODE_STAMPS (``pip install . -Ccmake.define.TURNOUT_INTRANODE_STAMPS=ON``).
-Every warp of the send blocks, the dispatch receive blocks and the warps that
-copy a rank's own tokens prints the SM cycles it spent in each part of its
-work (src/kernels/intranode/warp_stamps.cuh). Per SM count, op and role this
-prints the warps' median rows and time, each part's share of the warps' time,
-and the time a row takes a warp.
+"""Where the intranode warps' time goes, per op, SM count and role.
+
+Dispatch (BF16, FP8) and combine at the bench's shape (4096 tokens, hidden
+7168, top-8 of 256 experts), eager calls each after an L2 flush, in a build
+with the CMake option TURNOUT_INTRANODE_STAMPS
+(``pip install . -Ccmake.define.TURNOUT_INTRANODE_STAMPS=ON``). Every warp of
+the send blocks, the dispatch receive blocks and the warps that copy a rank's
+own tokens prints the SM cycles it spent in each part of its work
+(src/kernels/intranode/warp_stamps.cuh). Per SM count, op and role this prints
+the warps' median rows and time, each part's share of the warps' time, and the
+time a row takes a warp.
 
     python scripts/intranode_stamps.py [--ranks N] [--sms 12,24] [--calls C] [--chunk 8]
 """
