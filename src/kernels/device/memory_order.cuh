@@ -28,6 +28,13 @@ __device__ __forceinline__ void store_release_sys(int32_t* p, int32_t v) {
   asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// For a flag that publishes no data: a ring's head, written once every load of
+// the slots it frees has returned (each fed a store issued before the head), so
+// no fence needs to drain those stores first.
+__device__ __forceinline__ void store_relaxed_sys(int32_t* p, int32_t v) {
+  asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ uint32_t atomic_add_release_sys(uint32_t* p, uint32_t v) {
   uint32_t old;
   asm volatile("atom.add.release.sys.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");

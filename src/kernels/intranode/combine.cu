@@ -254,7 +254,8 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
       cursor = min(cursor + 32, next);
     }
     if (returns && done != published) {
-      device::store_release_sys(head, done);
+      // Relaxed: a worker moves s_next only after its loads of those slots fed its stores.
+      device::store_relaxed_sys(head, done);
       published = done;
     }
     if (next >= t1 || device::wait_abandoned(p.ctx.errors)) break;

@@ -273,9 +273,11 @@ __device__ void receive_tokens(const DispatchParams& p, int channel) {
       WarpStamps::row();
     }
     WarpStamps::mark(kRow);
-    // Every warp has read its slots: hand them back to the sender.
+    // Every warp has read its slots: hand them back to the sender. A relaxed
+    // store: a release would hold warp 0, and so the group's next round, until
+    // its output stores were acknowledged.
     device::named_barrier(1 + src, group_warps * 32);
-    if (g == 0 && lane == 0) device::store_release_sys(head, avail);
+    if (g == 0 && lane == 0) device::store_relaxed_sys(head, avail);
     WarpStamps::mark(kHandOff);
     consumed = avail;
   }
