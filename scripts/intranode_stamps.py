@@ -4,11 +4,11 @@ Dispatch (BF16, FP8) and combine at the bench's shape (4096 tokens, hidden
 7168, top-8 of 256 experts), eager calls each after an L2 flush, in a build
 with the CMake option TURNOUT_INTRANODE_STAMPS
 (``pip install . -Ccmake.define.TURNOUT_INTRANODE_STAMPS=ON``). Every warp of
-the send blocks, the dispatch receive blocks and the warps that copy a rank's
-own tokens prints the SM cycles it spent in each part of its work
+the send blocks, the dispatch receive blocks, the warps that copy a rank's
+own tokens and combine's reducers prints the SM cycles it spent in each part of its work
 (src/kernels/intranode/warp_stamps.cuh). Per SM count, op and role this prints
 the warps' median rows and time, each part's share of the warps' time, and the
-time a row takes a warp.
+time a row takes a warp (a reducer's rows are its tokens).
 
     python scripts/intranode_stamps.py [--ranks N] [--sms 12,24] [--calls C] [--chunk 8]
 """
@@ -31,6 +31,8 @@ PARTS = {
     "receive": ["other", "waiting for a tail and the group", "rows copied out", None,
                 "slots handed back (barrier, head release)"],
     "own": ["walk and other", None, "rows copied", None, None],
+    "reduce": ["walk and other", "waiting for the rows' tails", "rows loaded, summed and stored", "top-k weights",
+               "progress posted"],
 }
 
 

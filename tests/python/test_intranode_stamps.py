@@ -1,6 +1,8 @@
 """scripts/intranode_stamps.py: the reading of the intranode warps' stamp
 lines (src/kernels/intranode/warp_stamps.cuh's format) and their summary, on
 made-up lines whose times are known."""
+import re
+
 import pytest
 from script_modules import load_script
 
@@ -62,6 +64,17 @@ def test_report_names_each_roles_parts(stamps, capsys):
     assert "row loads and stores issued" in out and "60.0%" in out
     assert "own: 1 warps, median 2 rows and 4.0 us a warp, 2.00 us a row" in out
     assert "waiting for ring room" in out and "rows copied " in out
+
+
+def test_report_names_the_reducers_parts(stamps, capsys):
+    # At 1 cycle a ns: a reducer of 10 tokens in 5 us, 1 us of it waiting for tails.
+    lines = [line("reduce", 0, 10, 0, 5000, [500, 1000, 3000, 250, 250], op="combine", peer=-1)]
+    stamps.report([{(12, "combine bf16"): stamps.summarize(stamps.parse(lines))}], 3)
+    out = capsys.readouterr().out
+    assert "reduce: 1 warps, median 10 rows and 5.0 us a warp, 0.50 us a row" in out
+    assert re.search(r"waiting for the rows' tails +20\.0%", out)
+    assert re.search(r"rows loaded, summed and stored +60\.0%", out)
+    assert "progress posted" in out and "part 4" not in out
 
 
 def test_report_says_how_to_build_when_no_line_came(stamps, capsys):

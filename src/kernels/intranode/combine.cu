@@ -133,6 +133,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
   int seen[kRows] = {};  // tokens of earlier windows that went to each rank
   const uint32_t taking_part = call_ranks(p);
   bool ok = true;
+  WarpStamps::begin();
   for (int base = t0; base < t1 && ok; base += 32) {
     const int t_lane = base + lane;
     uint32_t masks[kRows];
@@ -144,6 +145,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
     const int first = ((warp - (base - t0)) % kWorkers + kWorkers) % kWorkers;
     for (int i = first; i < 32 && base + i < t1; i += kWorkers) {
       const int t = base + i;
+      WarpStamps::mark(kOther);
       const uint32_t below = (1u << i) - 1;
       // Lane j waits until rank j's row for this token has landed.
       int my_slot = -1;
@@ -162,6 +164,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
         lane_ok = true;
       }
       ok = __all_sync(~0u, lane_ok);
+      WarpStamps::mark(kWait);
       if (!ok) break;
       // The ranks' rows in rank order (a fixed order: the sum is deterministic).
       // Indexed by rank (constant indices keep them in registers); null: the
@@ -207,6 +210,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
           device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, out);
         }
       }
+      WarpStamps::mark(kRow);
       if (a.combined_topk_weights && lane < a.num_topk) {
         float w = 0.0f;
 #pragma unroll
@@ -218,12 +222,16 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
         a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
       }
       __syncwarp();
+      WarpStamps::mark(kSmall);
       if (lane == 0) s_next[warp] = t + kWorkers;
+      WarpStamps::mark(kHandOff);
+      WarpStamps::row();
     }
 #pragma unroll
     for (int j = 0; j < kRows; ++j) seen[j] += __popc(masks[j]);
   }
   if (lane == 0) s_next[warp] = t1;
+  WarpStamps::print("combine", "reduce", me, channel, -1);
 }
 
 // Hands ring slots back: head of ring (channel, j) = tokens before the first

@@ -26,6 +26,9 @@ namespace turnout::kernels {
 // parts' stores (kSmall), its rounds' ends (barrier and tail release,
 // kHandOff). A receiver: waiting for a tail and its group (kWait), copying
 // rows out (kRow), handing slots back (barrier and head release, kHandOff).
+// A combine reducer, per token: waiting for its rows' tails (kWait), loading,
+// summing and storing the rows (kRow), the top-k weights (kSmall), posting its
+// progress for the slots' return (kHandOff).
 enum StampPart { kOther = 0, kWait = 1, kRow = 2, kSmall = 3, kHandOff = 4, kStampParts = 5 };
 
 namespace {
