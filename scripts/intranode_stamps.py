@@ -5,8 +5,8 @@ Dispatch (BF16, FP8) and combine at the bench's shape (4096 tokens, hidden
 with the CMake option TURNOUT_INTRANODE_STAMPS
 (``pip install . -Ccmake.define.TURNOUT_INTRANODE_STAMPS=ON``). Every warp of
 the send blocks, the dispatch receive blocks, the warps that copy a rank's
-own tokens and combine's reducers prints the SM cycles it spent in each part of its work
-(src/kernels/intranode/warp_stamps.cuh). Per SM count, op and role this prints
+own tokens and combine's reducers prints the SM cycles it spent in each part
+of its work (src/kernels/intranode/warp_stamps.cuh). Per SM count, op and role this prints
 the warps' median rows and time, each part's share of the warps' time, and the
 time a row takes a warp (a reducer's rows are its tokens).
 
