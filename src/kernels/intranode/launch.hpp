@@ -84,10 +84,10 @@ struct CombineParams {
   bool own_rows_direct;
 };
 
-// Up to this many channels (20 SMs) a combine's send blocks set its pace, and
-// sparing them the own rows' copy pays (+4% at 20 SMs, +16% at 12 and 8, 4x
-// H200); with more, reading those rows from the input rather than from a ring
-// the sender just wrote costs 2% at 24 SMs, 7% at 32.
+// Up to this many channels (20 SMs) sparing combine's send blocks the own
+// rows' copy pays (+4% at 20 SMs, +16% at 12 and 8, 4x H200); with more,
+// reading those rows from the input rather than from a ring the sender just
+// wrote costs 2% at 24 SMs, 7% at 32.
 inline constexpr int kOwnRowsDirectMaxChannels = 10;
 void launch_intranode_combine(const CombineParams& p, cudaStream_t stream);
 // Both in one launch (the handle check in its first block): only where every

@@ -16,7 +16,7 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
   const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
   const kernels::NotifyParams check{peers, plan.region, false, {}, handle, nullptr, 0, ctx};
-  // Where the send blocks set the pace, they skip this rank's own rows.
+  // With few channels the send blocks skip this rank's own rows (see kOwnRowsDirectMaxChannels).
   const bool own_rows_direct = plan.region.num_channels <= kernels::kOwnRowsDirectMaxChannels;
   const kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx, own_rows_direct};
   // One launch where no other rank shares the GPU (every block resident at once).
