@@ -193,8 +193,8 @@ class Buffer {
   // rank's own too if include_self) into dst + the peer's nvl_rank * bytes
   // (dst holds num_nvl_ranks * bytes), with 16-byte SM loads from
   // `warps_per_block` warps on each of `num_sms` blocks, `words_in_flight`
-  // loads a lane and peer (1, 2, 4 or 8) before their stores. The bench's
-  // NVLink ceiling for reads.
+  // loads a lane and peer (1, 2, 4, 8, or 16 with at most 16 warps a block)
+  // before their stores. The bench's NVLink ceiling for reads.
   void load_from_peers(void* dst, size_t bytes, size_t src_offset, int num_sms, cudaStream_t stream,
                        bool include_self = true, int warps_per_block = 16, int words_in_flight = 1);
 

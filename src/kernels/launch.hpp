@@ -38,8 +38,9 @@ void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, 
 // The same with bulk copies through shared memory (sm_90).
 void launch_store_to_peers_bulk(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                                 size_t dst_offset, bool include_self, int num_sms, cudaStream_t stream);
-// The reverse: every lane reads `words_in_flight` 16-byte words a peer before
-// storing them into dst + peer * bytes.
+// The reverse: every lane reads `words_in_flight` 16-byte words a peer (1, 2,
+// 4, 8, or 16 with at most 512 threads) before storing them into dst + peer *
+// bytes.
 void launch_load_from_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, void* dst, size_t bytes,
                             size_t src_offset, bool include_self, int num_sms, int threads, int words_in_flight,
                             cudaStream_t stream);

@@ -2,6 +2,8 @@
 // loads or bulk copies: the peer memory test and the bench's NVLink ceiling.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/device/bulk_copy.cuh"
 #include "kernels/launch.hpp"
 #include "turnout/error.hpp"
@@ -88,9 +90,10 @@ __global__ void __launch_bounds__(32)
 
 // The reverse of store_to_peers_kernel: every lane reads from the peers, kWords
 // loads a peer in flight before their stores into local memory. Another GPU
-// wrote the data: the loads bypass the (non-coherent) L1.
+// wrote the data: the loads bypass the (non-coherent) L1. Sixteen words take
+// 64 registers: at most 512 threads, so that they fit.
 template <int kWords>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kWords >= 16 ? kMaxThreads / 2 : kMaxThreads)
     load_from_peers_kernel(void* const* peers, int nvl_rank, int num_nvl_ranks, int4* dst, size_t n16,
                            size_t src_offset, bool include_self) {
   const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -114,18 +117,34 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (; i < n16; i += threads) copy(i, 1);
 }
 
+// Calls launch(std::integral_constant<int, W>) for words_in_flight W: 1, 2,
+// 4, 8, or 16 where kMaxWords allows it (the ops layer checked the value).
+template <int kMaxWords, typename Launch>
+void with_words(int words_in_flight, Launch launch) {
+  if constexpr (kMaxWords >= 16)
+    if (words_in_flight == 16) return launch(std::integral_constant<int, 16>{});
+  switch (words_in_flight) {
+    case 8:
+      return launch(std::integral_constant<int, 8>{});
+    case 4:
+      return launch(std::integral_constant<int, 4>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    default:
+      return launch(std::integral_constant<int, 1>{});
+  }
+}
+
 }  // namespace
 
 void launch_store_to_peers(void* const* peers, int nvl_rank, int num_nvl_ranks, const void* src, size_t bytes,
                            size_t dst_offset, bool include_self, int num_sms, int threads, int words_in_flight,
                            cudaStream_t stream) {
   if (bytes == 0) return;
-  const auto kernel = words_in_flight == 8   ? store_to_peers_kernel<8>
-                      : words_in_flight == 4 ? store_to_peers_kernel<4>
-                      : words_in_flight == 2 ? store_to_peers_kernel<2>
-                                             : store_to_peers_kernel<1>;
-  kernel<<<num_sms, threads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src),
-                                          bytes / sizeof(int4), dst_offset, include_self);
+  with_words<8>(words_in_flight, [&](auto words) {
+    store_to_peers_kernel<decltype(words)::value><<<num_sms, threads, 0, stream>>>(
+        peers, nvl_rank, num_nvl_ranks, static_cast<const int4*>(src), bytes / sizeof(int4), dst_offset, include_self);
+  });
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -143,12 +162,10 @@ void launch_load_from_peers(void* const* peers, int nvl_rank, int num_nvl_ranks,
                             size_t src_offset, bool include_self, int num_sms, int threads, int words_in_flight,
                             cudaStream_t stream) {
   if (bytes == 0) return;
-  const auto kernel = words_in_flight == 8   ? load_from_peers_kernel<8>
-                      : words_in_flight == 4 ? load_from_peers_kernel<4>
-                      : words_in_flight == 2 ? load_from_peers_kernel<2>
-                                             : load_from_peers_kernel<1>;
-  kernel<<<num_sms, threads, 0, stream>>>(peers, nvl_rank, num_nvl_ranks, static_cast<int4*>(dst), bytes / sizeof(int4),
-                                          src_offset, include_self);
+  with_words<16>(words_in_flight, [&](auto words) {
+    load_from_peers_kernel<decltype(words)::value><<<num_sms, threads, 0, stream>>>(
+        peers, nvl_rank, num_nvl_ranks, static_cast<int4*>(dst), bytes / sizeof(int4), src_offset, include_self);
+  });
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -23,11 +23,19 @@ void check(const char* op, const void* local, size_t bytes, size_t offset, int n
           [&] { return std::to_string(needed) + " bytes needed, the NVL buffer holds " + std::to_string(capacity); });
 }
 
-void check_sm_copy(const char* op, int warps_per_block, int words_in_flight) {
+// Loads may keep 16 words a lane in flight, with at most 16 warps a block (the
+// registers of 512 threads).
+void check_sm_copy(const char* op, int warps_per_block, int words_in_flight, bool sixteen_words) {
   require(warps_per_block >= 1 && warps_per_block <= 32, op,
           [&] { return "warps_per_block must be in [1, 32], got " + str(warps_per_block); });
-  require(words_in_flight == 1 || words_in_flight == 2 || words_in_flight == 4 || words_in_flight == 8, op,
-          [&] { return "words_in_flight must be 1, 2, 4 or 8, got " + str(words_in_flight); });
+  const bool valid = words_in_flight == 1 || words_in_flight == 2 || words_in_flight == 4 || words_in_flight == 8 ||
+                     (sixteen_words && words_in_flight == 16);
+  require(valid, op, [&] {
+    return std::string("words_in_flight must be 1, 2, 4, 8") + (sixteen_words ? " or 16" : "") + ", got " +
+           str(words_in_flight);
+  });
+  require(words_in_flight < 16 || warps_per_block <= 16, op,
+          [&] { return "warps_per_block must be at most 16 with 16 words_in_flight, got " + str(warps_per_block); });
 }
 
 }  // namespace
@@ -38,7 +46,7 @@ void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_
   core.require_alive(op);
   const Topology& t = core.topology();
   check(op, src, bytes, dst_offset, t.num_nvl_ranks, core.options().num_nvl_bytes, num_sms);
-  check_sm_copy(op, warps_per_block, words_in_flight);
+  check_sm_copy(op, warps_per_block, words_in_flight, false);
   if (bulk)
     kernels::launch_store_to_peers_bulk(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, src, bytes, dst_offset,
                                         include_self, num_sms, stream);
@@ -52,7 +60,7 @@ void load_from_peers(BufferCore& core, void* dst, size_t bytes, size_t src_offse
   const char* op = "load_from_peers";
   core.require_alive(op);
   check(op, dst, bytes, src_offset, 1, core.options().num_nvl_bytes, num_sms);
-  check_sm_copy(op, warps_per_block, words_in_flight);
+  check_sm_copy(op, warps_per_block, words_in_flight, true);
   const Topology& t = core.topology();
   kernels::launch_load_from_peers(core.peer_nvl_table(), t.nvl_rank(), t.num_nvl_ranks, dst, bytes, src_offset,
                                   include_self, num_sms, warps_per_block * 32, words_in_flight, stream);

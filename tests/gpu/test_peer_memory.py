@@ -51,7 +51,8 @@ def test_store_to_and_load_from_every_peer(ctx):
             # read that leaves this rank's own buffer out leaves its slot of dst as it was.
             dst = torch.empty(n * B, dtype=torch.uint8, device=ctx.device)
             for p in range(n):
-                for include_self, warps, words in ((True, 16, 1), (True, 3, 2), (False, 16, 4), (False, 3, 8)):
+                for include_self, warps, words in ((True, 16, 1), (True, 3, 2), (False, 16, 4), (False, 3, 8),
+                                                   (True, 16, 16), (False, 5, 16)):
                     dst.fill_(0xA5)  # a stale read from the previous round would not pass
                     buf._native.load_from_peers(dst.data_ptr(), B, p * B, NUM_SMS, stream, include_self, warps, words)
                     torch.cuda.synchronize()
@@ -62,8 +63,10 @@ def test_store_to_and_load_from_every_peer(ctx):
                         else:
                             assert_equal(got, srcs[p],
                                          f"n={n}, {how}: rank {ctx.rank} read slot {p} of rank {q}'s buffer")
-            for warps, words in ((0, 1), (33, 1), (16, 3), (16, 16)):
-                bad = "warps_per_block" if words == 1 else "words_in_flight"
+            # Sixteen words a lane only with at most 16 warps a block.
+            for warps, words, bad, value in ((0, 1, "warps_per_block", 0), (33, 1, "warps_per_block", 33),
+                                             (16, 3, "words_in_flight", 3), (16, 32, "words_in_flight", 32),
+                                             (17, 16, "warps_per_block", 17)):
                 load = buf._native.load_from_peers
                 assert_raises(ValueError, lambda: load(dst.data_ptr(), B, 0, NUM_SMS, stream, True, warps, words),
-                              bad, str(warps if words == 1 else words))
+                              bad, str(value))

@@ -1,9 +1,10 @@
 """The ceiling bench's table and plot keep its copy methods apart: a line per
 method, each with its own SM counts and figures; the plain store kernel's
 warp splits are lines of their own, by warps a GPU, and the rows with eight
-words a lane in flight one more for each of stores and loads."""
+words a lane in flight one more for each of stores and loads, the loads'
+rows with sixteen one more again."""
 from turnout.bench import report
-from turnout.bench.ceiling import COLUMNS, DEEP_WORDS, METHODS, WARPS, WORDS, plot_series
+from turnout.bench.ceiling import COLUMNS, DEEP_WORDS, DEEPEST_LOAD_WORDS, METHODS, WARPS, WORDS, plot_series
 
 
 def row(method, num_sms, warps, gbps, shared, split=False, words=WORDS):
@@ -81,3 +82,13 @@ def test_loads_are_lines_of_their_own_never_a_stores_split_or_deep_line():
     assert lines["sm stores, 192 warps a GPU"] == ([6, 12, 24], [306.0, 112.0, 324.0])
     assert lines[f"sm stores, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [512.0, 524.0])
     assert lines[f"sm loads, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [712.0, 724.0])
+
+
+def test_the_loads_deepest_rows_are_a_line_of_their_own():
+    rows = rows_of(shared=False)
+    rows += [row(METHODS[2], num_sms, WARPS, 700.0 + num_sms, False, words=DEEP_WORDS) for num_sms in (12, 24)]
+    rows += [row(METHODS[2], num_sms, WARPS, 900.0 + num_sms, False, words=DEEPEST_LOAD_WORDS) for num_sms in (12, 24)]
+    lines = {label: (x, y) for label, x, y in plot_series(rows)["series"]}
+    assert lines[METHODS[2]] == ([12, 24], [312.0, 324.0])
+    assert lines[f"sm loads, {DEEP_WORDS} words a lane in flight"] == ([12, 24], [712.0, 724.0])
+    assert lines[f"sm loads, {DEEPEST_LOAD_WORDS} words a lane in flight"] == ([12, 24], [912.0, 924.0])

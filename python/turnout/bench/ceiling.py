@@ -8,7 +8,8 @@ fewer SMs, or spread over more): whether its store rate is bound per SM or per
 warp; and with eight loads a lane in flight before their stores, as the data
 kernels copy rows, where the plain kernel has one. The loads say whether a
 kernel that pulls its rows from the peers could move more bytes an SM than
-one that pushes them."""
+one that pushes them; their rows with sixteen words a lane in flight (128 KB
+an SM) whether an SM loads faster with more bytes in flight than eight give."""
 import statistics
 from typing import Dict, List, Optional
 
@@ -47,8 +48,9 @@ QUICK_SM_COUNTS = (12, 24, 96)
 WARPS = 16
 WARP_SPLITS = ((6, 16), (12, 8), (24, 4), (6, 32), (24, 8), (48, 4))
 SPLIT_TOTALS = (96, 192)
-# 16-byte loads a lane in flight: the plain kernel's, and the deep rows'.
-WORDS, DEEP_WORDS = 1, 8
+# 16-byte loads a lane in flight: the plain kernel's, the deep rows', and the
+# loads' deepest rows.
+WORDS, DEEP_WORDS, DEEPEST_LOAD_WORDS = 1, 8, 16
 
 
 def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
@@ -71,6 +73,7 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
         runs += [(METHODS[0], num_sms, warps, WORDS, True) for num_sms, warps in WARP_SPLITS]
         runs += [(method, num_sms, WARPS, DEEP_WORDS, False) for method in (METHODS[0], METHODS[2])
                  for num_sms in sm_counts]
+        runs += [(METHODS[2], num_sms, WARPS, DEEPEST_LOAD_WORDS, False) for num_sms in sm_counts]
     progress = Progress(len(runs), "ceiling", enabled=rank == 0)
     rows = []
     for method, num_sms, warps, words, split in runs:
@@ -117,11 +120,13 @@ def run(num_ranks: Optional[int], quick: bool) -> List[Dict]:
 def plot_series(rows: List[Dict]) -> Dict:
     """One line per copy method over the SM counts (the splits and deep rows
     left out), one per warp total of the splits (with the plain kernel's rows
-    of that total), and one per method of its deep rows."""
+    of that total), one per method of its deep rows, and one of the loads'
+    deepest rows."""
     shared = bool(rows) and rows[0].get("ranks_share_gpus")
     key = "gbps_gpu" if shared else "gbps"
     plain = [r for r in rows if r.get("words_in_flight") in (None, WORDS)]
     deep = [r for r in rows if r.get("words_in_flight") == DEEP_WORDS]
+    deepest = [r for r in rows if r.get("words_in_flight") == DEEPEST_LOAD_WORDS]
     series = []
     for method in METHODS:
         mine = [r for r in plain if r.get("method", METHODS[0]) == method and not r.get("warp_split")]
@@ -138,6 +143,9 @@ def plot_series(rows: List[Dict]) -> Dict:
         if mine:
             series.append((f"{method}, {DEEP_WORDS} words a lane in flight", [r["num_sms"] for r in mine],
                            [r[key] for r in mine]))
+    if deepest:
+        series.append((f"{METHODS[2]}, {DEEPEST_LOAD_WORDS} words a lane in flight", [r["num_sms"] for r in deepest],
+                       [r[key] for r in deepest]))
     ticks = sorted({r["num_sms"] for r in rows})
     if shared:
         return {"x": ticks, "series": series, "xlabel": "SMs per rank",
