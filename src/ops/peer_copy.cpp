@@ -23,8 +23,8 @@ void check(const char* op, const void* local, size_t bytes, size_t offset, int n
           [&] { return std::to_string(needed) + " bytes needed, the NVL buffer holds " + std::to_string(capacity); });
 }
 
-// Loads may keep 16 words a lane in flight, with at most 16 warps a block (the
-// registers of 512 threads).
+}  // namespace
+
 void check_sm_copy(const char* op, int warps_per_block, int words_in_flight, bool sixteen_words) {
   require(warps_per_block >= 1 && warps_per_block <= 32, op,
           [&] { return "warps_per_block must be in [1, 32], got " + str(warps_per_block); });
@@ -37,8 +37,6 @@ void check_sm_copy(const char* op, int warps_per_block, int words_in_flight, boo
   require(words_in_flight < 16 || warps_per_block <= 16, op,
           [&] { return "warps_per_block must be at most 16 with 16 words_in_flight, got " + str(warps_per_block); });
 }
-
-}  // namespace
 
 void store_to_peers(BufferCore& core, const void* src, size_t bytes, size_t dst_offset, bool include_self, int num_sms,
                     int warps_per_block, int words_in_flight, bool bulk, cudaStream_t stream) {
