@@ -71,6 +71,9 @@ class BufferCore {
   int64_t begin_call() { return ++calls_; }
   int64_t begin_dispatch_call() { return last_dispatch_call_ = ++calls_; }
   DeviceErrorSlot error_slot(OpKind op) const { return errors_.device(op, calls_); }
+  // Intranode combines that staged their inputs so far (the stage parity:
+  // every rank of the group makes the same ones on this buffer).
+  int64_t next_combine_stage() { return combine_stages_++; }
   // The wait context of the current call. `shrinkable`: in shrink mode its
   // waits mask a peer that does not come (after shrink_timeout_s times
   // `patience`) instead of failing.
@@ -146,6 +149,7 @@ class BufferCore {
   void* local_low_latency_ = nullptr;
   int64_t calls_ = 0;
   int64_t last_dispatch_call_ = 0;
+  int64_t combine_stages_ = 0;
   int sm_budget_ = 2;
   int ranks_on_gpu_ = 1;
 };

@@ -46,6 +46,49 @@ def test_dispatch_combine_match_reference(ctx):
 test_dispatch_combine_match_reference.timeout = 600
 
 
+def stage_room(num_tokens: int, hidden: int, n: int) -> int:
+    """Bytes past the rings for combine's two stages of every rank's rows,
+    each of n ranks sending num_tokens tokens (a rank gets each at most once)."""
+    return (2 << 20) + 2 * (num_tokens * n * (hidden * 2 + 4 * 32) + 8192)
+
+
+def as_bits(t):
+    return None if t is None else t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def test_combine_pulls_from_stages(ctx):
+    """With room past the rings for every rank's rows, combine stages them and
+    the blocks pull them: every case matches the reference, calls alternate
+    between the two stages, and the outputs are the bits the rings give (the
+    same sums in the same order). With room for some ranks' rows only, those
+    ranks stage theirs and every rank still takes the rings."""
+    for n, g in ctx.each_group():
+        rings_only = nvl_bytes(HIDDEN_MAX, n)
+        with ctx.buffer(g, num_nvl_bytes=rings_only + stage_room(8192, HIDDEN_MAX, n)) as staged, \
+                ctx.buffer(g, num_nvl_bytes=rings_only) as rings:
+            for case in CASES:
+                what = f"n={n} {case}"
+                _, _, out = round_trip(ctx, staged, case, n, f"{what}, staged")
+                again = combine(staged, case, n, ctx.rank, out, ctx.device)
+                _, _, ring_out = round_trip(ctx, rings, case, n, f"{what}, rings")
+                ringed = combine(rings, case, n, ctx.rank, ring_out, ctx.device)
+                assert_equal(as_bits(again[0]), as_bits(ringed[0]), f"{what}: combined_x, stages against rings")
+                if case.topk:
+                    assert_equal(as_bits(again[1]), as_bits(ringed[1]), f"{what}: weights, stages against rings")
+        # Room for a bit over 1024 rows: the rank that gets every token (1024
+        # from each rank) cannot stage them, the others stage none.
+        case = Case("one_rank", 1024, 4096, 8, 64)
+        config = turnout.Buffer.get_combine_config(n)
+        past_rings = max(-(-nvl_bytes(case.hidden, n, config) // 4096) * 4096, 1 << 20)
+        with ctx.buffer(g, num_nvl_bytes=past_rings + 2 * (1024 * (case.hidden * 2 + 32) + 8192)) as some:
+            for i in range(3):
+                round_trip(ctx, some, case, n, f"n={n} {case}, one rank's rows past its stage, call {i}",
+                           config=config)
+
+
+test_combine_pulls_from_stages.timeout = 600
+
+
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
     # Past 20 SMs combine sends a rank's rows for itself through a ring too.

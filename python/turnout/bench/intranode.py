@@ -48,6 +48,9 @@ CHUNK = 8
 SWEEP_CHUNKS = (4, 8, 12, 16, 24, 32)
 CHUNK_SMS = (MAIN_SMS, 12)
 FLUSH_BYTES = 256 << 20
+# The buffer of DeepEP's own intranode test: past the rings it holds combine's
+# stages of up to 4096 tokens a rank at EP4 (combine pulls the rows from them).
+NVL_BYTES = 10**9
 OPS = ("dispatch bf16", "dispatch fp8", "combine bf16")
 BURST = 5  # host-time calls issued back to back
 
@@ -168,7 +171,8 @@ def measure(rank: int, world_size: int, quick: bool) -> List[Dict]:
     points += [(t, MAIN_SMS, CHUNK) for t in sweep_tokens if (t, MAIN_SMS, CHUNK) not in points]
     points += [(MAIN_TOKENS, s, CHUNK) for s in sweep_sms if (MAIN_TOKENS, s, CHUNK) not in points]
     points += [(MAIN_TOKENS, s, c) for s in CHUNK_SMS for c in sweep_chunks if (MAIN_TOKENS, s, c) not in points]
-    num_nvl_bytes = config_for(max(s for _, s, _ in points)).get_nvl_buffer_size_hint(HIDDEN * 2, world_size)
+    num_nvl_bytes = max(config_for(max(s for _, s, _ in points)).get_nvl_buffer_size_hint(HIDDEN * 2, world_size),
+                        NVL_BYTES)
     buffer = Buffer(dist.group.WORLD, num_nvl_bytes=num_nvl_bytes)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     progress = Progress(len(points) + 1, "intranode", enabled=rank == 0)

@@ -107,6 +107,43 @@ __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
   }
 }
 
+// Token t's output: the sum of its rows (null: the token did not go to that
+// rank) and the biases, in fp32, as bf16.
+template <int kRows>
+__device__ __forceinline__ void sum_rows(const CombineArgs& a, const char* const (&rows)[kRows], int64_t out_row,
+                                         int n16, int lane) {
+  // Words of each row a lane has in flight: eight at 2 ranks (32 bytes of
+  // spills, still 4-5% faster than four at 8-20 SMs on 2x H200), four
+  // where the rows fit in registers with them (up to 4 ranks: 128
+  // registers, no spills), two at 8 ranks (four spill 632 bytes there).
+  constexpr int kUnroll = kRows <= 2 ? 8 : kRows <= 4 ? 4 : 2;
+  for (int v0 = lane; v0 < n16; v0 += 32 * kUnroll) {
+    // Every word of every row is in flight before the first add.
+    int4 words[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (rows[r] && v0 + 32 * u < n16) words[u][r] = device::load_shared_16(rows[r] + (v0 + 32 * u) * 16);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = v0 + 32 * u;
+      if (v >= n16) break;
+      float acc[8] = {};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (rows[r]) add_bf16x8(acc, words[u][r]);
+      if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
+      if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
+      int4 out;
+      auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+      device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, out);
+    }
+  }
+}
+
 // Worker warp w reduces the channel's tokens t0 + w, t0 + w + kWorkers, ...;
 // s_next[w] is the first of its tokens it has not finished. kRows >= ranks:
 // a compile-time bound on a token's rows, so that they stay in registers.
@@ -179,37 +216,7 @@ __device__ void reduce_tokens(const CombineParams& p, int channel, volatile int*
                   : j == direct ? static_cast<const char*>(a.x) + own_row * s.row_bytes
                                 : self + region.ring(channel, j) + static_cast<int64_t>(slot % Q) * region.slot_bytes;
       }
-      const int64_t out_row = static_cast<int64_t>(t) * s.row_bytes;
-      // Words of each row a lane has in flight: eight at 2 ranks (32 bytes of
-      // spills, still 4-5% faster than four at 8-20 SMs on 2x H200), four
-      // where the rows fit in registers with them (up to 4 ranks: 128
-      // registers, no spills), two at 8 ranks (four spill 632 bytes there).
-      constexpr int kUnroll = kRows <= 2 ? 8 : kRows <= 4 ? 4 : 2;
-      for (int v0 = lane; v0 < n16; v0 += 32 * kUnroll) {
-        // Every word of every row is in flight before the first add.
-        int4 words[kUnroll][kRows];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            if (rows[r] && v0 + 32 * u < n16) words[u][r] = device::load_shared_16(rows[r] + (v0 + 32 * u) * 16);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int v = v0 + 32 * u;
-          if (v >= n16) break;
-          float acc[8] = {};
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            if (rows[r]) add_bf16x8(acc, words[u][r]);
-          if (a.bias0) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias0) + out_row + v * 16));
-          if (a.bias1) add_bf16x8(acc, device::load_input_16(static_cast<const char*>(a.bias1) + out_row + v * 16));
-          int4 out;
-          auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-          device::store_16(static_cast<char*>(a.combined_x) + out_row + v * 16, out);
-        }
-      }
+      sum_rows<kRows>(a, rows, static_cast<int64_t>(t) * s.row_bytes, n16, lane);
       WarpStamps::mark(kRow);
       if (a.combined_topk_weights && lane < a.num_topk) {
         float w = 0.0f;
@@ -271,14 +278,92 @@ __device__ void return_slots(const CombineParams& p, int channel, volatile int* 
   }
 }
 
-// The data step, on every block: even blocks send a channel's rows back, odd
-// ones reduce a channel's tokens.
+// The stages' data step (combine_stage.hpp): block b reduces the b-th of
+// gridDim.x ranges of this rank's tokens, loading each token's rows from the
+// stages of the ranks it went to (its own rows from the input). Token t's row
+// on rank r: r's rows from the ranks before this one, then this rank's tokens
+// before t that went to r. No waits: the check before met every rank after
+// its stage was whole.
 template <int kRows>
+__device__ void pull_tokens(const CombineParams& p) {
+  const CombineArgs& a = p.args;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t0 = channel_begin(a.num_tokens, blockIdx.x, gridDim.x);
+  const int t1 = channel_begin(a.num_tokens, blockIdx.x + 1, gridDim.x);
+  // Tokens before t0 that went to each rank.
+  __shared__ int s_before[kRows];
+  if (threadIdx.x < kRows) s_before[threadIdx.x] = 0;
+  __syncthreads();
+  int before[kRows] = {};
+  for (int t = threadIdx.x; t < t0; t += blockDim.x)
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+      if (j < R) before[j] += a.is_token_in_rank[static_cast<int64_t>(t) * R + j];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    for (int o = 16; o > 0; o >>= 1) before[j] += __shfl_xor_sync(~0u, before[j], o);
+    if (lane == 0 && before[j] != 0) atomicAdd(&s_before[j], before[j]);
+  }
+  __syncthreads();
+  const int n16 = p.slot.row_bytes / 16;
+  const CombineStage& stage = p.stage;
+  int seen[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j)
+    seen[j] = j < R ? (me > 0 ? a.rank_prefix_matrix[(me - 1) * R + j] : 0) + s_before[j] : 0;
+  for (int base = t0; base < t1; base += 32) {
+    const int t_lane = base + lane;
+    uint32_t masks[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+      masks[j] =
+          j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+    for (int i = warp; i < 32 && base + i < t1; i += kWarps) {
+      const int t = base + i;
+      const uint32_t below = (1u << i) - 1;
+      const char* rows[kRows];
+      int64_t row_of[kRows];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        row_of[j] = (masks[j] >> i & 1) ? seen[j] + __popc(masks[j] & below) : -1;
+        rows[j] = row_of[j] < 0 ? nullptr
+                  : j == me     ? static_cast<const char*>(a.x) + row_of[j] * p.slot.row_bytes
+                                : bytes(p.peers.buffers[j]) + stage.at + stage.rows + row_of[j] * p.slot.row_bytes;
+      }
+      sum_rows<kRows>(a, rows, static_cast<int64_t>(t) * p.slot.row_bytes, n16, lane);
+      if (a.combined_topk_weights && lane < a.num_topk) {
+        float w = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRows; ++j)
+          if (rows[j])
+            w += j == me ? a.topk_weights[row_of[j] * a.num_topk + lane]
+                         : __ldcg(reinterpret_cast<const float*>(bytes(p.peers.buffers[j]) + stage.at) +
+                                  row_of[j] * a.num_topk + lane);
+        a.combined_topk_weights[static_cast<int64_t>(t) * a.num_topk + lane] = w;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) seen[j] += __popc(masks[j]);
+  }
+}
+
+// The data step, on every block: where every rank staged its rows (kStaged:
+// this one did), all blocks pull; else even blocks send a channel's rows back,
+// odd ones reduce a channel's tokens. The ranks that did not stage run a
+// kernel without the pull, whose registers it would crowd.
+template <int kRows, bool kStaged>
 __device__ __forceinline__ void combine_blocks(const CombineParams& p) {
   if (device::wait_abandoned(p.ctx.errors)) return;
   // The step before found a handle that does not fit on some rank: every rank skips.
   const char* self = bytes(p.peers.buffers[p.peers.rank]);
   if (device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.status)) != 0) return;
+  if constexpr (kStaged) {
+    if (device::load_volatile(reinterpret_cast<const int32_t*>(self + p.region.pull)) != 0) {
+      pull_tokens<kRows>(p);
+      return;
+    }
+  }
   const int channel = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
     send_rows(p, channel);
@@ -295,18 +380,18 @@ __device__ __forceinline__ void combine_blocks(const CombineParams& p) {
     return_slots(p, channel, s_next);
 }
 
-template <int kRows>
+template <int kRows, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
-  combine_blocks<kRows>(p);
+  combine_blocks<kRows, kStaged>(p);
 }
 
 // Both steps in one launch, where the rank has its GPU to itself (every block
 // resident at once): one launch less on the host's time.
-template <int kRows>
+template <int kRows, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1)
     check_and_combine_kernel(const __grid_constant__ NotifyParams check, const __grid_constant__ CombineParams p) {
   if (blockIdx.x == 0) notify_step::notify_block_out_of_line<kThreads>(check);
-  if (wait_for_first_block(p.peers, p.ctx, WaitSite::kBarrier)) combine_blocks<kRows>(p);
+  if (wait_for_first_block(p.peers, p.ctx, WaitSite::kBarrier)) combine_blocks<kRows, kStaged>(p);
 }
 
 // Calls launch(rows) with the ranks rounded up to 2, 4 or 8 rows (an
@@ -326,14 +411,24 @@ void with_rows(int num_ranks, Launch launch) {
 
 void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
   with_rows(p.peers.num_ranks, [&](auto rows) {
-    combine_kernel<decltype(rows)::value><<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
+    constexpr int kRows = decltype(rows)::value;
+    const int blocks = p.region.num_channels * 2;
+    if (p.stage.at >= 0)
+      combine_kernel<kRows, true><<<blocks, kThreads, 0, stream>>>(p);
+    else
+      combine_kernel<kRows, false><<<blocks, kThreads, 0, stream>>>(p);
   });
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_intranode_check_and_combine(const NotifyParams& check, const CombineParams& p, cudaStream_t stream) {
   with_rows(p.peers.num_ranks, [&](auto rows) {
-    check_and_combine_kernel<decltype(rows)::value><<<p.region.num_channels * 2, kThreads, 0, stream>>>(check, p);
+    constexpr int kRows = decltype(rows)::value;
+    const int blocks = p.region.num_channels * 2;
+    if (p.stage.at >= 0)
+      check_and_combine_kernel<kRows, true><<<blocks, kThreads, 0, stream>>>(check, p);
+    else
+      check_and_combine_kernel<kRows, false><<<blocks, kThreads, 0, stream>>>(check, p);
   });
   TURNOUT_CUDA_CHECK(cudaGetLastError());
 }

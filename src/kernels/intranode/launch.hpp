@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/intranode/combine_stage.hpp"
 #include "kernels/intranode/region.hpp"
 #include "kernels/wait_context.hpp"
 #include "turnout/intranode.hpp"
@@ -40,6 +41,7 @@ struct HandleCheck {
   const int32_t* source_num_tokens;
   int num_rows;    // rows of combine's x
   int num_tokens;  // rows of is_token_in_rank
+  int stage_tag;   // 0, or 1 + the parity of the combine stage holding this rank's rows
 };
 
 // Meets the peers, resets this rank's ring counters, and (with `counts`)
@@ -82,6 +84,9 @@ struct CombineParams {
   // The reducer reads this rank's own rows from the input instead of the
   // sender copying them through a ring (see kOwnRowsDirectMaxChannels).
   bool own_rows_direct;
+  // at >= 0: this rank's rows are staged there, and where every rank's are,
+  // the blocks pull them (combine_stage.hpp).
+  CombineStage stage;
 };
 
 // Up to this many channels (20 SMs) sparing combine's send blocks the own

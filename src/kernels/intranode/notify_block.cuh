@@ -173,7 +173,10 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   }
   if (threadIdx.x == 0) *at(self, g.status) = 0;
   for (int j = threadIdx.x; j < R; j += kThreads)
-    if (live >> j & 1) at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = bad.reason;
+    if (live >> j & 1) {
+      at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = bad.reason;
+      at(p.peers.buffers[j], g.source_info)[me * 4 + 3] = p.exchange_counts ? 0 : p.handle.stage_tag;
+    }
 
   if (p.exchange_counts) {
     // Our row of the matrix goes to everyone; the rest is per destination.
@@ -217,6 +220,13 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   }
   const int32_t* info = at(self, g.source_info);
   if (!p.exchange_counts) {
+    // Combine pulls from the stages only where every rank staged its rows in
+    // the same one (ranks whose call counts parted after an error pull nothing).
+    if (threadIdx.x == 0) {
+      bool all_staged = taking_part == (1u << R) - 1 && p.handle.stage_tag != 0;
+      for (int j = 0; j < R; ++j) all_staged = all_staged && info[j * 4 + 3] == p.handle.stage_tag;
+      *at(self, g.pull) = all_staged;
+    }
     for (int j = threadIdx.x; j < R; j += kThreads)
       if ((taking_part >> j & 1) && info[j * 4 + 2] != 0) {
         *at(self, g.status) = 1;

@@ -22,13 +22,14 @@ struct IntranodeRegion {
   int slot_bytes = 0;
   // Byte offsets; "[s]" rows are written by rank s into every peer's copy.
   int64_t matrix = 0;         // int32 [R][R]: row s = tokens s sends to each rank
-  int64_t source_info = 0;    // int32 [R][4]: {num_tokens, num_worst_tokens, input error} of rank s
+  int64_t source_info = 0;    // int32 [R][4]: {num_tokens, num_worst_tokens, input error, combine stage tag} of rank s
   int64_t expert_counts = 0;  // int32 [R][L]: tokens s sends to each of my experts
   int64_t channel_start = 0;  // int32 [R][C+1]: first position of channel c in s's stream to me
   int64_t tails = 0;          // int32 [C][R]: tokens peer r has written into my ring (c, r)
   int64_t heads = 0;          // int32 [C][R]: tokens peer r has consumed of what I sent it
   int64_t status = 0;         // int32: nonzero = the data kernel skips this call (bad input)
   int64_t live = 0;           // int32: bit r = rank r takes part in this call (shrink mode: not masked)
+  int64_t pull = 0;           // int32: nonzero = combine's blocks pull from every rank's stage (combine_stage.hpp)
   int64_t rings = 0;          // [C][R][Q] slots: ring (c, r) is written by peer r
   int64_t total = 0;
 
@@ -65,6 +66,7 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
   r.heads = take(C * R * 4);
   r.status = take(4);
   r.live = take(4);
+  r.pull = take(4);
   // Last, so no other offset depends on the expert count.
   r.expert_counts = take(R * L * 4);
   // The meta area has a fixed size so the size hints can cover it; past it

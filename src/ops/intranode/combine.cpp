@@ -1,10 +1,56 @@
 // Combine: the handle is checked on the device (notify), then the rows go back
 // to their source ranks and are reduced there; both in one launch where the
-// rank has its GPU to itself.
+// rank has its GPU to itself. Where the buffer has room past the rings, the
+// inputs are first copied into a stage there and the reducers pull the rows
+// (kernels/intranode/combine_stage.hpp).
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
+#include "turnout/error.hpp"
 
 namespace turnout::intranode {
+namespace {
+
+// TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings (set alike on every rank).
+bool stages_allowed() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("TURNOUT_COMBINE_STAGES");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return allowed;
+}
+
+// Copies (copy engine: several times an SM's local rate) this rank's rows and
+// their weights into the call's stage where they fit; returns the stage, or
+// at < 0 for the rings. The parity advances on what every rank shares; the
+// check step pulls only where every rank staged in the same stage. Not in
+// shrink mode (a rank that dies mid-call must not leave the others reading
+// its stage), nor in a CUDA graph: a graph's replays would all copy into the
+// stage it captured, over the rows a slower rank may still be pulling.
+kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
+                                   cudaStream_t stream) {
+  if (!stages_allowed() || core.shrink_enabled()) return {};
+  const int row_bytes = a.hidden * 2;
+  const int64_t cap = static_cast<int64_t>(core.options().num_nvl_bytes);
+  if (kernels::combine_stage(region.total, cap, row_bytes, a.num_topk, 0).at < 0) return {};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return {};
+  const kernels::CombineStage stage =
+      kernels::combine_stage(region.total, cap, row_bytes, a.num_topk, core.next_combine_stage());
+  if (a.num_rows > stage.fit_rows) return {};
+  char* dst = static_cast<char*>(core.local_nvl_buffer()) + stage.at;
+  const int64_t rows = a.num_rows;
+  if (rows > 0)
+    TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst + stage.rows, a.x, rows * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  if (rows > 0 && a.num_topk > 0)
+    TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst, a.topk_weights, rows * a.num_topk * 4, cudaMemcpyDeviceToDevice, stream));
+  return stage;
+}
+
+}  // namespace
 
 void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const char* op = "combine";
@@ -14,11 +60,14 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const kernels::Peers peers{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks};
   core.begin_call();
   const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
-  const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens};
+  // Before the check, whose barrier then orders every rank's copy before anyone pulls.
+  const kernels::CombineStage stage = stage_inputs(core, a, plan.region, stream);
+  const int stage_tag = stage.at < 0 ? 0 : 1 + stage.parity;
+  const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens, stage_tag};
   const kernels::NotifyParams check{peers, plan.region, false, {}, handle, nullptr, 0, ctx};
   // With few channels the send blocks skip this rank's own rows (see kOwnRowsDirectMaxChannels).
   const bool own_rows_direct = plan.region.num_channels <= kernels::kOwnRowsDirectMaxChannels;
-  const kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx, own_rows_direct};
+  const kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx, own_rows_direct, stage};
   // One launch where no other rank shares the GPU (every block resident at once).
   if (core.ranks_on_gpu() == 1) {
     kernels::launch_intranode_check_and_combine(check, data, stream);

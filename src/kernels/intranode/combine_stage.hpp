@@ -1,0 +1,49 @@
+// Combine's stages: where the buffer has room past the rings, each rank copies
+// its expert outputs (and their top-k weights) into a stage in its own buffer
+// before the handle check, and every block then pulls the rows of its tokens
+// from the stages of the ranks they went to, over NVLink loads instead of
+// ring slots. Every rank derives the same layout from the same call; the
+// check tells every rank whether all ranks' rows fit (notify_block.cuh), and
+// only then do they pull.
+#pragma once
+
+#include <cuda_runtime_api.h>  // __host__ __device__ for the C++ compiler too
+
+#include <cstdint>
+
+#include "runtime/align.hpp"
+
+namespace turnout::kernels {
+
+// The stages start no lower than this, above the counts words of any call's
+// region (under 200 KB for 8 ranks, 128 channels and 4096 local experts),
+// which peers write before a call's first barrier, while a slower rank may
+// still be pulling from the stages of the combine before.
+inline constexpr int64_t kCombineStageFloor = 1 << 20;
+
+struct CombineStage {
+  int64_t at = -1;   // this call's stage, the same offset in every rank's buffer; -1: the rings
+  int64_t rows = 0;  // offset of the rows in the stage (its top-k weights at 0)
+  int fit_rows = 0;  // rows the stage holds
+  int parity = 0;
+};
+
+// Two stages past the region, taken by alternate combines (`parity`): a rank
+// copies into stage k % 2 only after the check of combine k - 1, which every
+// rank reaches only once it has pulled all it needed in combine k - 2.
+__host__ __device__ inline CombineStage combine_stage(int64_t region_total, int64_t num_nvl_bytes, int row_bytes,
+                                                      int num_topk, int64_t parity) {
+  CombineStage s;
+  const int64_t base = align_up(region_total > kCombineStageFloor ? region_total : kCombineStageFloor, 4096);
+  const int64_t span = num_nvl_bytes > base ? (num_nvl_bytes - base) / 2 / 4096 * 4096 : 0;
+  const int64_t per_row = row_bytes + static_cast<int64_t>(num_topk) * 4;
+  const int64_t fit = span > 128 && per_row > 0 ? (span - 128) / per_row : 0;
+  if (fit <= 0) return s;
+  s.fit_rows = fit < INT32_MAX ? static_cast<int>(fit) : INT32_MAX;
+  s.rows = align_up(static_cast<int64_t>(s.fit_rows) * num_topk * 4, 128);
+  s.parity = static_cast<int>(parity % 2);
+  s.at = base + s.parity * span;
+  return s;
+}
+
+}  // namespace turnout::kernels
