@@ -22,6 +22,7 @@ TEST(IntranodeRegion, PartsDoNotOverlap) {
                                                {r.status, r.status + 4},
                                                {r.live, r.live + 4},
                                                {r.pull, r.pull + 4},
+                                               {r.landed, r.landed + R * 4},
                                                {r.expert_counts, r.expert_counts + R * L * 4},
                                                {r.rings, r.total}};
   for (size_t i = 0; i < std::size(parts); ++i)

@@ -56,12 +56,13 @@ def as_bits(t):
     return None if t is None else t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
-def test_combine_pulls_from_stages(ctx):
-    """With room past the rings for every rank's rows, combine stages them and
-    the blocks pull them: every case matches the reference, calls alternate
-    between the two stages, and the outputs are the bits the rings give (the
-    same sums in the same order). With room for some ranks' rows only, those
-    ranks stage theirs and every rank still takes the rings."""
+def test_landing_areas_and_stages(ctx):
+    """With room past the rings for every rank's rows, dispatch stores them in
+    the receivers' landing areas, and combine stages them and the blocks pull
+    them: every case matches the reference, combines alternate between the two
+    stages, and combine's outputs are the bits the rings give (the same sums in
+    the same order). With room for some ranks' rows only, combine's ranks
+    stage what fits and every rank still takes the rings."""
     for n, g in ctx.each_group():
         rings_only = nvl_bytes(HIDDEN_MAX, n)
         with ctx.buffer(g, num_nvl_bytes=rings_only + stage_room(8192, HIDDEN_MAX, n)) as staged, \
@@ -86,7 +87,7 @@ def test_combine_pulls_from_stages(ctx):
                            config=config)
 
 
-test_combine_pulls_from_stages.timeout = 600
+test_landing_areas_and_stages.timeout = 600
 
 
 def test_stream_options_and_cached_dispatch(ctx):

@@ -15,11 +15,11 @@
 
 namespace turnout::kernels {
 
-// The stages start no lower than this, above the counts words of any call's
-// region (under 200 KB for 8 ranks, 128 channels and 4096 local experts),
-// which peers write before a call's first barrier, while a slower rank may
-// still be pulling from the stages of the combine before.
-inline constexpr int64_t kCombineStageFloor = 1 << 20;
+// Stages and landing areas (landing.hpp) start no lower than this, above the
+// counts words of any call's region (under 200 KB for 8 ranks, 128 channels
+// and 4096 local experts), which peers write before a call's first barrier,
+// while a slower rank may still be reading the stages of the call before.
+inline constexpr int64_t kStageFloor = 1 << 20;
 
 struct CombineStage {
   int64_t at = -1;   // this call's stage, the same offset in every rank's buffer; -1: the rings
@@ -34,7 +34,7 @@ struct CombineStage {
 __host__ __device__ inline CombineStage combine_stage(int64_t region_total, int64_t num_nvl_bytes, int row_bytes,
                                                       int num_topk, int64_t parity) {
   CombineStage s;
-  const int64_t base = align_up(region_total > kCombineStageFloor ? region_total : kCombineStageFloor, 4096);
+  const int64_t base = align_up(region_total > kStageFloor ? region_total : kStageFloor, 4096);
   const int64_t span = num_nvl_bytes > base ? (num_nvl_bytes - base) / 2 / 4096 * 4096 : 0;
   const int64_t per_row = row_bytes + static_cast<int64_t>(num_topk) * 4;
   const int64_t fit = span > 128 && per_row > 0 ? (span - 128) / per_row : 0;

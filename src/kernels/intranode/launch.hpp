@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/intranode/combine_stage.hpp"
+#include "kernels/intranode/landing.hpp"
 #include "kernels/intranode/region.hpp"
 #include "kernels/wait_context.hpp"
 #include "turnout/intranode.hpp"
@@ -20,10 +21,11 @@ struct RecvCountsMailbox {
   int32_t sequence;
   int32_t failed;  // a bad input on some rank: every rank skips the data step
   int32_t num_recv_tokens;
+  int32_t max_recv_tokens;                // the most any rank receives
   int32_t num_recv_tokens_per_expert[1];  // [L], really
 };
 inline constexpr int64_t kMailboxBytes = 64 * 1024;
-inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 12) / 4;
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 16) / 4;
 
 // The grid limits: one channel is a send block and a receive block.
 inline constexpr int kMaxChannels = 128;
@@ -68,8 +70,12 @@ struct DispatchParams {
   DispatchArgs args;
   int experts_per_rank;  // L (0 without top-k)
   WaitContext ctx;
+  DispatchLanding landing;  // x >= 0: every block sends into the receivers' landing areas
 };
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);
+// The data step through the landing areas (landing.hpp); recv_x is the caller's
+// copy to make once it ends.
+void launch_intranode_landing_dispatch(const DispatchParams& p, cudaStream_t stream);
 // Both in one launch, the counts step in its first block, whose other blocks
 // wait for it: only where every block is resident at once (no other rank on
 // the GPU), and with no host wait between the steps (mailbox null).

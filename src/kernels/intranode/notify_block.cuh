@@ -171,6 +171,7 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
     at(self, g.tails)[i] = 0;
     at(self, g.heads)[i] = 0;
   }
+  for (int i = threadIdx.x; i < R; i += kThreads) at(self, g.landed)[i] = 0;
   if (threadIdx.x == 0) *at(self, g.status) = 0;
   for (int j = threadIdx.x; j < R; j += kThreads)
     if (live >> j & 1) {
@@ -275,9 +276,14 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
       p.mailbox->num_recv_tokens_per_expert[l] = (sum + align - 1) / align * align;
     }
   if (threadIdx.x == 0) {
-    int sum = 0;
-    for (int s = 0; s < R; ++s) sum += sent(s, me);
-    p.mailbox->num_recv_tokens = sum;
+    int most = 0;
+    for (int j = 0; j < R; ++j) {
+      int sum = 0;
+      for (int s = 0; s < R; ++s) sum += sent(s, j);
+      if (j == me) p.mailbox->num_recv_tokens = sum;
+      most = sum > most ? sum : most;
+    }
+    p.mailbox->max_recv_tokens = most;
   }
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -30,6 +30,7 @@ struct IntranodeRegion {
   int64_t status = 0;         // int32: nonzero = the data kernel skips this call (bad input)
   int64_t live = 0;           // int32: bit r = rank r takes part in this call (shrink mode: not masked)
   int64_t pull = 0;           // int32: nonzero = combine's blocks pull from every rank's stage (combine_stage.hpp)
+  int64_t landed = 0;         // int32 [R]: blocks of rank s done writing their rows into my landing area
   int64_t rings = 0;          // [C][R][Q] slots: ring (c, r) is written by peer r
   int64_t total = 0;
 
@@ -67,6 +68,7 @@ inline IntranodeRegion make_intranode_region(int num_ranks, int num_channels, in
   r.status = take(4);
   r.live = take(4);
   r.pull = take(4);
+  r.landed = take(R * 4);
   // Last, so no other offset depends on the expert count.
   r.expert_counts = take(R * L * 4);
   // The meta area has a fixed size so the size hints can cover it; past it

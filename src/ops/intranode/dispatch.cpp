@@ -1,6 +1,8 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
@@ -16,7 +18,27 @@ kernels::DispatchParams data_params(BufferCore& core, const DispatchArgs& a, con
           plan.slot,
           a,
           a.num_topk > 0 ? a.num_experts / t.num_ranks : 0,
-          core.wait_context(OpKind::kDispatch, true)};
+          core.wait_context(OpKind::kDispatch, true),
+          {}};
+}
+
+// TURNOUT_DISPATCH_LANDING=0 keeps every dispatch on the rings (set alike on every rank).
+bool landing_allowed() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("TURNOUT_DISPATCH_LANDING");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return allowed;
+}
+
+// The landing areas where the counts step before told every rank the most
+// rows any rank receives and they fit; not in shrink mode, where a source may
+// die before telling a receiver it is done.
+kernels::DispatchLanding landing_for(BufferCore& core, const DispatchArgs& a) {
+  const int rows = core.take_counted_rows();
+  if (rows < 0 || !landing_allowed() || core.shrink_enabled() || a.num_worst_tokens > 0) return {};
+  return kernels::dispatch_landing(static_cast<int64_t>(core.options().num_nvl_bytes), rows, a.row_bytes, a.num_scales,
+                                   a.num_topk);
 }
 
 }  // namespace
@@ -26,7 +48,17 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const DispatchPlan plan = check_dispatch(a, shape);
   // The data step belongs to the call of the counts step before it.
-  kernels::launch_intranode_dispatch(data_params(core, a, plan), stream);
+  kernels::DispatchParams data = data_params(core, a, plan);
+  data.landing = landing_for(core, a);
+  if (data.landing.x < 0) {
+    kernels::launch_intranode_dispatch(data, stream);
+  } else {
+    kernels::launch_intranode_landing_dispatch(data, stream);
+    if (a.out.recv_x != nullptr && a.num_recv_rows > 0)
+      TURNOUT_CUDA_CHECK(cudaMemcpyAsync(a.out.recv_x, static_cast<char*>(core.local_nvl_buffer()) + data.landing.x,
+                                         static_cast<int64_t>(a.num_recv_rows) * a.row_bytes, cudaMemcpyDeviceToDevice,
+                                         stream));
+  }
   core.check_errors(op);
 }
 
@@ -48,6 +80,7 @@ void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const Dispatc
   const int32_t sequence = mailbox.next_sequence();
   core.begin_dispatch_call();
   const kernels::NotifyParams notify = counts_params(core, counts, region, nullptr, sequence);
+  core.take_counted_rows();
   const kernels::DispatchParams data = data_params(core, a, plan);
   if (core.ranks_on_gpu() == 1) {
     kernels::launch_intranode_counts_and_dispatch(notify, data, stream);
