@@ -16,6 +16,13 @@
 
 namespace turnout::kernels {
 
+// Up to this many channels (20 SMs) dispatch lands its rows; past them the
+// rings' receive blocks keep up, and the landing's copy-out costs more than
+// they do. At EP2 on 2x H200, BF16 / FP8 GB/s, rings -> landing: 12 SMs
+// 244 -> 361 / 174 -> 241, 16 SMs 313 -> 381 / 207 -> 278, 20 SMs 373 -> 364 /
+// 239 -> 293, 24 SMs 433 -> 374 / 289 -> 290.
+inline constexpr int kLandingMaxChannels = 10;
+
 // Offsets in every rank's buffer, each part [rows][...] as the outputs lay it.
 struct DispatchLanding {
   int64_t x = -1;  // -1: the rings

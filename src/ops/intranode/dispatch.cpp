@@ -32,11 +32,14 @@ bool landing_allowed() {
 }
 
 // The landing areas where the counts step before told every rank the most
-// rows any rank receives and they fit; not in shrink mode, where a source may
-// die before telling a receiver it is done.
-kernels::DispatchLanding landing_for(BufferCore& core, const DispatchArgs& a) {
+// rows any rank receives and they fit, with few channels
+// (kLandingMaxChannels); not in shrink mode, where a source may die before
+// telling a receiver it is done.
+kernels::DispatchLanding landing_for(BufferCore& core, const DispatchArgs& a, const DispatchPlan& plan) {
   const int rows = core.take_counted_rows();
-  if (rows < 0 || !landing_allowed() || core.shrink_enabled() || a.num_worst_tokens > 0) return {};
+  if (rows < 0 || !landing_allowed() || core.shrink_enabled() || a.num_worst_tokens > 0 ||
+      plan.region.num_channels > kernels::kLandingMaxChannels)
+    return {};
   return kernels::dispatch_landing(static_cast<int64_t>(core.options().num_nvl_bytes), rows, a.row_bytes, a.num_scales,
                                    a.num_topk);
 }
@@ -49,7 +52,7 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   const DispatchPlan plan = check_dispatch(a, shape);
   // The data step belongs to the call of the counts step before it.
   kernels::DispatchParams data = data_params(core, a, plan);
-  data.landing = landing_for(core, a);
+  data.landing = landing_for(core, a, plan);
   if (data.landing.x < 0) {
     kernels::launch_intranode_dispatch(data, stream);
   } else {
