@@ -18,6 +18,7 @@
 #include "kernels/intranode/first_block.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "kernels/intranode/notify_block.cuh"
+#include "kernels/intranode/rank_masks.cuh"
 #include "kernels/intranode/ring_sender.cuh"
 #include "kernels/intranode/warp_group.cuh"
 #include "kernels/intranode/warp_stamps.cuh"
@@ -313,12 +314,8 @@ __device__ void pull_tokens(const CombineParams& p) {
   for (int j = 0; j < kRows; ++j)
     seen[j] = j < R ? (me > 0 ? a.rank_prefix_matrix[(me - 1) * R + j] : 0) + s_before[j] : 0;
   for (int base = t0; base < t1; base += 32) {
-    const int t_lane = base + lane;
     uint32_t masks[kRows];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j)
-      masks[j] =
-          j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+    rank_masks(a.is_token_in_rank, R, base, t1, lane, masks);
     for (int i = warp; i < 32 && base + i < t1; i += kWarps) {
       const int t = base + i;
       const uint32_t below = (1u << i) - 1;

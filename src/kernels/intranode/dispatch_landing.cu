@@ -13,6 +13,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/launch.hpp"
+#include "kernels/intranode/rank_masks.cuh"
 #include "turnout/error.hpp"
 
 namespace turnout::kernels {
@@ -51,12 +52,8 @@ __device__ void land_tokens(const DispatchParams& p) {
   constexpr int kChannelWarps = 2 * kWarps;
   const int mine = (blockIdx.x % 2) * kWarps + warp;
   for (int base = t0; base < t1; base += 32) {
-    const int t_lane = base + lane;
     uint32_t masks[kRows];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j)
-      masks[j] =
-          j < R ? __ballot_sync(~0u, t_lane < t1 && a.is_token_in_rank[static_cast<int64_t>(t_lane) * R + j]) : 0;
+    rank_masks(a.is_token_in_rank, R, base, t1, lane, masks);
     // Warp w of the channel takes its tokens w, w + 2 * kWarps, ...
     const int first = ((mine - (base - t0)) % kChannelWarps + kChannelWarps) % kChannelWarps;
     for (int i = first; i < 32 && base + i < t1; i += kChannelWarps) {
