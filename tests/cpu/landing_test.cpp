@@ -1,11 +1,11 @@
 // Dispatch's landing area: past the floor, its parts apart and aligned, and
 // none where the buffer cannot hold every part.
+#include "kernels/intranode/landing.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <utility>
-
-#include "kernels/intranode/landing.hpp"
 
 namespace turnout {
 namespace {
