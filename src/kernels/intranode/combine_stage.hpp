@@ -11,15 +11,10 @@
 
 #include <cstdint>
 
+#include "kernels/intranode/region.hpp"
 #include "runtime/align.hpp"
 
 namespace turnout::kernels {
-
-// Stages and landing areas (landing.hpp) start no lower than this, above the
-// counts words of any call's region (under 200 KB for 8 ranks, 128 channels
-// and 4096 local experts), which peers write before a call's first barrier,
-// while a slower rank may still be reading the stages of the call before.
-inline constexpr int64_t kStageFloor = 1 << 20;
 
 struct CombineStage {
   int64_t at = -1;   // this call's stage, the same offset in every rank's buffer; -1: the rings

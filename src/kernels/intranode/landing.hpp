@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/intranode/combine_stage.hpp"
+#include "kernels/intranode/region.hpp"
 #include "runtime/align.hpp"
 
 namespace turnout::kernels {

@@ -14,6 +14,13 @@ namespace turnout::kernels {
 // Bytes of the per-call counts area before the rings (the size hints reserve it).
 inline constexpr int64_t kIntranodeMetaBytes = 64 * 1024;
 
+// Combine's stages and dispatch's landing areas start no lower than this,
+// above the counts words of any call's region (under 200 KB for 8 ranks, 128
+// channels and 4096 local experts), which peers write before a call's first
+// barrier, while a slower rank may still be reading the stages of the call
+// before.
+inline constexpr int64_t kStageFloor = 1 << 20;
+
 struct IntranodeRegion {
   int num_ranks = 0;
   int num_channels = 0;

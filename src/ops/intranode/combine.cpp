@@ -3,24 +3,12 @@
 // rank has its GPU to itself. Where the buffer has room past the rings, the
 // inputs are first copied into a stage there and the reducers pull the rows
 // (kernels/intranode/combine_stage.hpp).
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
 #include "turnout/error.hpp"
 
 namespace turnout::intranode {
 namespace {
-
-// TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings (set alike on every rank).
-bool stages_allowed() {
-  static const bool allowed = [] {
-    const char* e = std::getenv("TURNOUT_COMBINE_STAGES");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  return allowed;
-}
 
 // Copies (copy engine: several times an SM's local rate) this rank's rows and
 // their weights into the call's stage where they fit; returns the stage, or
@@ -29,9 +17,11 @@ bool stages_allowed() {
 // shrink mode (a rank that dies mid-call must not leave the others reading
 // its stage), nor in a CUDA graph: a graph's replays would all copy into the
 // stage it captured, over the rows a slower rank may still be pulling.
+// TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
 kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
                                    cudaStream_t stream) {
-  if (!stages_allowed() || core.shrink_enabled()) return {};
+  static const bool allowed = switched_on("TURNOUT_COMBINE_STAGES");
+  if (!allowed || core.shrink_enabled()) return {};
   const int row_bytes = a.hidden * 2;
   const int64_t cap = static_cast<int64_t>(core.options().num_nvl_bytes);
   if (kernels::combine_stage(region.total, cap, row_bytes, a.num_topk, 0).at < 0) return {};

@@ -1,8 +1,6 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
-#include <cstdlib>
 #include <string>
-#include <string_view>
 
 #include "kernels/intranode/launch.hpp"
 #include "ops/intranode/intranode.hpp"
@@ -22,22 +20,15 @@ kernels::DispatchParams data_params(BufferCore& core, const DispatchArgs& a, con
           {}};
 }
 
-// TURNOUT_DISPATCH_LANDING=0 keeps every dispatch on the rings (set alike on every rank).
-bool landing_allowed() {
-  static const bool allowed = [] {
-    const char* e = std::getenv("TURNOUT_DISPATCH_LANDING");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  return allowed;
-}
-
 // The landing areas where the counts step before told every rank the most
 // rows any rank receives and they fit, with few channels
 // (kLandingMaxChannels); not in shrink mode, where a source may die before
-// telling a receiver it is done.
+// telling a receiver it is done. TURNOUT_DISPATCH_LANDING=0 keeps every
+// dispatch on the rings.
 kernels::DispatchLanding landing_for(BufferCore& core, const DispatchArgs& a, const DispatchPlan& plan) {
+  static const bool allowed = switched_on("TURNOUT_DISPATCH_LANDING");
   const int rows = core.take_counted_rows();
-  if (rows < 0 || !landing_allowed() || core.shrink_enabled() || a.num_worst_tokens > 0 ||
+  if (rows < 0 || !allowed || core.shrink_enabled() || a.num_worst_tokens > 0 ||
       plan.region.num_channels > kernels::kLandingMaxChannels)
     return {};
   return kernels::dispatch_landing(static_cast<int64_t>(core.options().num_nvl_bytes), rows, a.row_bytes, a.num_scales,

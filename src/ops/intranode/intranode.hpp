@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/intranode/launch.hpp"
 #include "ops/buffer_core.hpp"
@@ -45,6 +47,12 @@ class CountsMailbox {
   void* device_ = nullptr;
   uint32_t sequence_ = 0;
 };
+
+// An environment switch that every rank sets alike: on unless `name` is "0".
+inline bool switched_on(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::string_view(value) != "0";
+}
 
 // What every op of the mode does first: a live buffer, no timeout, one NVL
 // domain, a usable config. The call runs on the config's SMs, at most the
