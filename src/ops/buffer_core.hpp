@@ -75,10 +75,15 @@ class BufferCore {
   // Intranode combines that staged their inputs so far (the stage parity:
   // every rank of the group makes the same ones on this buffer).
   int64_t next_combine_stage() { return combine_stages_++; }
-  // The most rows any rank receives, as the last counts step the host waited
-  // for posted it; taken by the data step after it (-1: not known).
-  void set_counted_rows(int rows) { counted_rows_ = rows; }
-  int take_counted_rows() { return std::exchange(counted_rows_, -1); }
+  // What the last counts step the host waited for posted of the receive
+  // rows; taken by the data step after it (most < 0: not known).
+  struct CountedRows {
+    int most = -1;      // the most any rank receives
+    int own_begin = 0;  // this rank's rows from itself: [own_begin, own_begin + own)
+    int own = 0;
+  };
+  void set_counted_rows(const CountedRows& rows) { counted_rows_ = rows; }
+  CountedRows take_counted_rows() { return std::exchange(counted_rows_, CountedRows{}); }
   // The wait context of the current call. `shrinkable`: in shrink mode its
   // waits mask a peer that does not come (after shrink_timeout_s times
   // `patience`) instead of failing.
@@ -155,7 +160,7 @@ class BufferCore {
   int64_t calls_ = 0;
   int64_t last_dispatch_call_ = 0;
   int64_t combine_stages_ = 0;
-  int counted_rows_ = -1;
+  CountedRows counted_rows_;
   int sm_budget_ = 2;
   int ranks_on_gpu_ = 1;
 };

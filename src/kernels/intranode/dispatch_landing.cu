@@ -5,7 +5,8 @@
 // in the source's stream to that rank (both from the counts step), and the
 // token's place in the channel. Then each block tells every destination it is
 // done, waits until every source's blocks are, and copies its share of the
-// small parts out; the rows leave by the copy engine after the kernel.
+// small parts out; the rows from other ranks leave by the copy engine after
+// the kernel (a rank's rows from itself go straight to recv_x).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -78,7 +79,9 @@ __device__ void land_tokens(const DispatchParams& p) {
 #pragma unroll
         for (int j = 0; j < kRows; ++j) {
           if (row[j] < 0) continue;
-          char* dst = bytes(p.peers.buffers[j]) + land.x + row[j] * a.row_bytes;
+          // This rank's own rows go straight to their output rows.
+          char* dst = j == me && a.out.recv_x != nullptr ? static_cast<char*>(a.out.recv_x) + row[j] * a.row_bytes
+                                                         : bytes(p.peers.buffers[j]) + land.x + row[j] * a.row_bytes;
 #pragma unroll
           for (int u = 0; u < kWords; ++u)
             if (v0 + 32 * u < n16) device::store_16(dst + (v0 + 32 * u) * 16, w[u]);

@@ -22,10 +22,12 @@ struct RecvCountsMailbox {
   int32_t failed;  // a bad input on some rank: every rank skips the data step
   int32_t num_recv_tokens;
   int32_t max_recv_tokens;                // the most any rank receives
+  int32_t own_rows_begin;                 // rows from the ranks before this one
+  int32_t own_rows;                       // rows this rank sends itself
   int32_t num_recv_tokens_per_expert[1];  // [L], really
 };
 inline constexpr int64_t kMailboxBytes = 64 * 1024;
-inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 16) / 4;
+inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 24) / 4;
 
 // The grid limits: one channel is a send block and a receive block.
 inline constexpr int kMaxChannels = 128;

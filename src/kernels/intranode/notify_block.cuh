@@ -284,6 +284,10 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
       most = sum > most ? sum : most;
     }
     p.mailbox->max_recv_tokens = most;
+    int before = 0;
+    for (int s = 0; s < me; ++s) before += sent(s, me);
+    p.mailbox->own_rows_begin = before;
+    p.mailbox->own_rows = sent(me, me);
   }
   __syncthreads();
   if (threadIdx.x == 0) {

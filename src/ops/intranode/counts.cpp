@@ -34,7 +34,7 @@ DispatchCounts wait_recv_counts(BufferCore& core, CountsMailbox& mailbox, const 
     core.check_errors(op);
     throw InvalidArgument(std::string(op) + ": a rank passed invalid input; nothing was dispatched");
   }
-  core.set_counted_rows(box->max_recv_tokens);
+  core.set_counted_rows({box->max_recv_tokens, box->own_rows_begin, box->own_rows});
   DispatchCounts out;
   out.num_recv_tokens = box->num_recv_tokens;
   out.num_recv_tokens_per_expert.assign(box->num_recv_tokens_per_expert,
@@ -65,7 +65,7 @@ DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const D
   auto* device_box = wait ? static_cast<kernels::RecvCountsMailbox*>(mailbox.device()) : nullptr;
   const int32_t sequence = mailbox.next_sequence();
   core.begin_dispatch_call();
-  core.set_counted_rows(-1);
+  core.set_counted_rows({});
   kernels::launch_intranode_notify(counts_params(core, a, region, device_box, sequence), stream);
   if (!wait) return {};
   return wait_recv_counts(core, mailbox, op, sequence, a.num_experts / core.topology().num_ranks);

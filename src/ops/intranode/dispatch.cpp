@@ -25,14 +25,24 @@ kernels::DispatchParams data_params(BufferCore& core, const DispatchArgs& a, con
 // (kLandingMaxChannels); not in shrink mode, where a source may die before
 // telling a receiver it is done. TURNOUT_DISPATCH_LANDING=0 keeps every
 // dispatch on the rings.
-kernels::DispatchLanding landing_for(BufferCore& core, const DispatchArgs& a, const DispatchPlan& plan) {
+kernels::DispatchLanding landing_for(const BufferCore& core, const BufferCore::CountedRows& rows, const DispatchArgs& a,
+                                     const DispatchPlan& plan) {
   static const bool allowed = switched_on("TURNOUT_DISPATCH_LANDING");
-  const int rows = core.take_counted_rows();
-  if (rows < 0 || !allowed || core.shrink_enabled() || a.num_worst_tokens > 0 ||
+  if (rows.most < 0 || !allowed || core.shrink_enabled() || a.num_worst_tokens > 0 ||
       plan.region.num_channels > kernels::kLandingMaxChannels)
     return {};
-  return kernels::dispatch_landing(static_cast<int64_t>(core.options().num_nvl_bytes), rows, a.row_bytes, a.num_scales,
-                                   a.num_topk);
+  return kernels::dispatch_landing(static_cast<int64_t>(core.options().num_nvl_bytes), rows.most, a.row_bytes,
+                                   a.num_scales, a.num_topk);
+}
+
+// Rows [begin, end) of the landing area into recv_x (copy engine).
+void copy_out(BufferCore& core, const DispatchArgs& a, const kernels::DispatchLanding& landing, int64_t begin,
+              int64_t end, cudaStream_t stream) {
+  if (end <= begin) return;
+  const int64_t at = begin * a.row_bytes;
+  TURNOUT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(a.out.recv_x) + at,
+                                     static_cast<char*>(core.local_nvl_buffer()) + landing.x + at,
+                                     (end - begin) * a.row_bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace
@@ -43,15 +53,17 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   const DispatchPlan plan = check_dispatch(a, shape);
   // The data step belongs to the call of the counts step before it.
   kernels::DispatchParams data = data_params(core, a, plan);
-  data.landing = landing_for(core, a, plan);
+  const BufferCore::CountedRows rows = core.take_counted_rows();
+  data.landing = landing_for(core, rows, a, plan);
   if (data.landing.x < 0) {
     kernels::launch_intranode_dispatch(data, stream);
   } else {
     kernels::launch_intranode_landing_dispatch(data, stream);
-    if (a.out.recv_x != nullptr && a.num_recv_rows > 0)
-      TURNOUT_CUDA_CHECK(cudaMemcpyAsync(a.out.recv_x, static_cast<char*>(core.local_nvl_buffer()) + data.landing.x,
-                                         static_cast<int64_t>(a.num_recv_rows) * a.row_bytes, cudaMemcpyDeviceToDevice,
-                                         stream));
+    // The rank's rows from itself went straight into recv_x.
+    if (a.out.recv_x != nullptr) {
+      copy_out(core, a, data.landing, 0, rows.own_begin, stream);
+      copy_out(core, a, data.landing, rows.own_begin + rows.own, a.num_recv_rows, stream);
+    }
   }
   core.check_errors(op);
 }
