@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/intranode/combine_stage.hpp"
@@ -27,7 +28,8 @@ struct RecvCountsMailbox {
   int32_t num_recv_tokens_per_expert[1];  // [L], really
 };
 inline constexpr int64_t kMailboxBytes = 64 * 1024;
-inline constexpr int kMaxMailboxExperts = (kMailboxBytes - 24) / 4;
+inline constexpr int kMaxMailboxExperts =
+    static_cast<int>((kMailboxBytes - offsetof(RecvCountsMailbox, num_recv_tokens_per_expert)) / sizeof(int32_t));
 
 // The grid limits: one channel is a send block and a receive block.
 inline constexpr int kMaxChannels = 128;
