@@ -79,9 +79,11 @@ __device__ void land_tokens(const DispatchParams& p) {
 #pragma unroll
         for (int j = 0; j < kRows; ++j) {
           if (row[j] < 0) continue;
-          // This rank's own rows go straight to their output rows.
-          char* dst = j == me && a.out.recv_x != nullptr ? static_cast<char*>(a.out.recv_x) + row[j] * a.row_bytes
-                                                         : bytes(p.peers.buffers[j]) + land.x + row[j] * a.row_bytes;
+          // This rank's own rows go straight to their output rows (those the
+          // outputs hold: the copy-out is bounded by them too).
+          const bool direct = j == me && a.out.recv_x != nullptr && row[j] < a.num_recv_rows;
+          char* dst = direct ? static_cast<char*>(a.out.recv_x) + row[j] * a.row_bytes
+                             : bytes(p.peers.buffers[j]) + land.x + row[j] * a.row_bytes;
 #pragma unroll
           for (int u = 0; u < kWords; ++u)
             if (v0 + 32 * u < n16) device::store_16(dst + (v0 + 32 * u) * 16, w[u]);

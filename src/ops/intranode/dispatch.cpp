@@ -1,5 +1,6 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
+#include <algorithm>
 #include <string>
 
 #include "kernels/intranode/launch.hpp"
@@ -61,8 +62,9 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
     kernels::launch_intranode_landing_dispatch(data, stream);
     // The rank's rows from itself went straight into recv_x.
     if (a.out.recv_x != nullptr) {
-      copy_out(core, a, data.landing, 0, rows.own_begin, stream);
-      copy_out(core, a, data.landing, rows.own_begin + rows.own, a.num_recv_rows, stream);
+      const int64_t n = a.num_recv_rows;
+      copy_out(core, a, data.landing, 0, std::min<int64_t>(rows.own_begin, n), stream);
+      copy_out(core, a, data.landing, std::min<int64_t>(rows.own_begin + rows.own, n), n, stream);
     }
   }
   core.check_errors(op);
