@@ -12,6 +12,7 @@
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
 #include "kernels/intranode/first_block.cuh"
+#include "kernels/intranode/input_scale.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "kernels/intranode/notify_block.cuh"
 #include "kernels/intranode/ring_sender.cuh"
@@ -37,10 +38,6 @@ struct TokenParts {
   float weight = 0.0f;
   int32_t scale[2] = {};
 };
-
-__device__ __forceinline__ int32_t input_scale(const DispatchArgs& a, int t, int group) {
-  return static_cast<const int32_t*>(a.x_scales)[t * a.scale_stride_token + group * a.scale_stride_group];
-}
 
 __device__ __forceinline__ TokenParts load_token_parts(const DispatchArgs& a, int t, int first_expert, int num_experts,
                                                        int lane) {

@@ -13,6 +13,7 @@
 
 #include "kernels/device/bounded_wait.cuh"
 #include "kernels/device/vector_copy.cuh"
+#include "kernels/intranode/input_scale.cuh"
 #include "kernels/intranode/launch.hpp"
 #include "kernels/intranode/rank_masks.cuh"
 #include "turnout/error.hpp"
@@ -70,6 +71,12 @@ __device__ void land_tokens(const DispatchParams& p) {
         expert = a.topk_idx[static_cast<int64_t>(t) * a.num_topk + lane];
         weight = a.topk_weights[static_cast<int64_t>(t) * a.num_topk + lane];
       }
+      // Scale groups lane and lane + 32 once a token, not once a destination:
+      // column-major scales make each a load of its own.
+      int32_t scale[2] = {};
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (lane + 32 * m < a.num_scales) scale[m] = input_scale(a, t, lane + 32 * m);
       const char* src = static_cast<const char*>(a.x) + static_cast<int64_t>(t) * a.row_bytes;
       for (int v0 = lane; v0 < n16; v0 += 32 * kWords) {
         int4 w[kWords];
@@ -99,8 +106,10 @@ __device__ void land_tokens(const DispatchParams& p) {
           reinterpret_cast<float*>(peer + land.weights)[row[j] * a.num_topk + lane] = here ? weight : 0.0f;
         }
         auto* scales = reinterpret_cast<int32_t*>(peer + land.scales) + row[j] * a.num_scales;
-        for (int g = lane; g < a.num_scales; g += 32)
-          scales[g] = static_cast<const int32_t*>(a.x_scales)[t * a.scale_stride_token + g * a.scale_stride_group];
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          if (lane + 32 * m < a.num_scales) scales[lane + 32 * m] = scale[m];
+        for (int g = lane + 64; g < a.num_scales; g += 32) scales[g] = input_scale(a, t, g);
         if (lane == 0) reinterpret_cast<int32_t*>(peer + land.src_idx)[row[j]] = t;
       }
     }
