@@ -74,7 +74,7 @@ class IdleNative:
     def dispatch_counts(self, *args):
         # A dispatch without num_worst_tokens receives what this rank sends
         # (args: is_token_in_rank, num_tokens, num_tokens_per_expert, num_experts, ...).
-        return args[1], [0] * args[3]
+        return args[1], [0] * args[3], 0, args[1]
 
     def dispatch(self, *args):
         pass

@@ -39,6 +39,10 @@ struct DispatchCountsArgs {
 struct DispatchCounts {
   int num_recv_tokens = -1;
   std::vector<int> num_recv_tokens_per_expert;  // [L], aligned
+  // This rank's rows from itself: [own_rows_begin, own_rows_begin +
+  // num_own_rows) of the receive order; combine takes them (CombineArgs).
+  int own_rows_begin = -1;
+  int num_own_rows = 0;
 };
 
 // The outputs of a dispatch, num_recv_rows rows each; the top-k ones only
@@ -103,6 +107,12 @@ struct CombineArgs {
   int num_max_recv_tokens = kDefaultRecvTokens;
   void* combined_x = nullptr;              // [T, hidden] bf16
   float* combined_topk_weights = nullptr;  // [T, K] with topk_weights
+  // Where this rank's rows from itself lie in x, as the dispatch's counts
+  // said (DispatchCounts): combine reads them from x, so the copy into its
+  // stage skips them. A range the handle does not confirm sends every rank
+  // to the rings for the call, results unchanged. -1: not known.
+  int own_rows_begin = -1;
+  int num_own_rows = 0;
 };
 
 }  // namespace turnout

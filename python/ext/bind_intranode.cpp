@@ -26,11 +26,13 @@ void set_channels(Args& a, const Config& config) {
   a.num_max_recv_tokens = config.num_max_nvl_chunked_recv_tokens;
 }
 
-std::tuple<int, std::vector<int>> dispatch_counts(Buffer& b, uintptr_t is_token_in_rank, int num_tokens,
-                                                  uintptr_t num_tokens_per_expert, int num_experts, uintptr_t topk_idx,
-                                                  int num_topk, int expert_alignment, int num_worst_tokens,
-                                                  const Config& config, uintptr_t rank_prefix_matrix, uintptr_t s,
-                                                  MaybeStream wait_for) {
+// (num_recv, num_recv_tokens_per_expert, own_rows_begin, num_own_rows); see DispatchCounts.
+std::tuple<int, std::vector<int>, int, int> dispatch_counts(Buffer& b, uintptr_t is_token_in_rank, int num_tokens,
+                                                            uintptr_t num_tokens_per_expert, int num_experts,
+                                                            uintptr_t topk_idx, int num_topk, int expert_alignment,
+                                                            int num_worst_tokens, const Config& config,
+                                                            uintptr_t rank_prefix_matrix, uintptr_t s,
+                                                            MaybeStream wait_for) {
   DispatchCountsArgs a;
   a.num_tokens = num_tokens;
   a.is_token_in_rank = ptr<const bool>(is_token_in_rank);
@@ -48,7 +50,7 @@ std::tuple<int, std::vector<int>> dispatch_counts(Buffer& b, uintptr_t is_token_
   if (num_worst_tokens == 0 && num_tokens_per_expert != 0) release.emplace();
   join_before(b, s, wait_for);
   DispatchCounts c = b.dispatch_counts(a, stream(s));
-  return {c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert)};
+  return {c.num_recv_tokens, std::move(c.num_recv_tokens_per_expert), c.own_rows_begin, c.num_own_rows};
 }
 
 // The data step's arguments (the counts step reads a subset of them).
@@ -135,7 +137,8 @@ void dispatch_known_rows(Buffer& b, uintptr_t x, int num_tokens, int row_bytes, 
 void combine(Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_weights, int num_topk, uintptr_t bias0,
              uintptr_t bias1, uintptr_t rank_prefix_matrix, uintptr_t source_num_tokens, uintptr_t recv_src_idx,
              uintptr_t is_token_in_rank, int num_tokens, const Config& config, uintptr_t combined_x,
-             uintptr_t combined_topk_weights, uintptr_t s, MaybeStream wait_for, MaybeStream join_to) {
+             uintptr_t combined_topk_weights, int own_rows_begin, int num_own_rows, uintptr_t s, MaybeStream wait_for,
+             MaybeStream join_to) {
   CombineArgs a;
   a.x = ptr<const void>(x);
   a.num_rows = num_rows;
@@ -152,6 +155,8 @@ void combine(Buffer& b, uintptr_t x, int num_rows, int hidden, uintptr_t topk_we
   set_channels(a, config);
   a.combined_x = ptr<void>(combined_x);
   a.combined_topk_weights = ptr<float>(combined_topk_weights);
+  a.own_rows_begin = own_rows_begin;
+  a.num_own_rows = num_own_rows;
   join_before(b, s, wait_for);
   b.combine(a, stream(s));
   join_after(b, s, join_to);
@@ -213,7 +218,8 @@ void bind_intranode(BufferClass& buffer) {
            "join_to"_a)
       .def("combine", &combine, "x"_a, "num_rows"_a, "hidden"_a, "topk_weights"_a, "num_topk"_a, "bias0"_a, "bias1"_a,
            "rank_prefix_matrix"_a, "source_num_tokens"_a, "recv_src_idx"_a, "is_token_in_rank"_a, "num_tokens"_a,
-           "config"_a, "combined_x"_a, "combined_topk_weights"_a, "stream"_a, "wait_for"_a, "join_to"_a);
+           "config"_a, "combined_x"_a, "combined_topk_weights"_a, "own_rows_begin"_a, "num_own_rows"_a, "stream"_a,
+           "wait_for"_a, "join_to"_a);
 }
 
 }  // namespace turnout::bindings

@@ -188,14 +188,15 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // combine_plain(native, config, x, topk_weights, rank_prefix_matrix,
-// source_num_tokens, recv_src_idx, is_token_in_rank, device_index, stream):
+// source_num_tokens, recv_src_idx, is_token_in_rank, device_index, stream,
+// own_rows_begin, num_own_rows):
 // (combined_x, combined_topk_weights or None), or None where the call is not
 // one this path takes. The four handle tensors are this buffer's own handle's
 // (the Python layer has checked its owner); x and topk_weights get the Python
 // layer's fast-path checks.
 PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!ready_to_call("combine_plain", nargs, 10)) return nullptr;
+  if (!ready_to_call("combine_plain", nargs, 12)) return nullptr;
   for (int i = 4; i < 8; ++i) {
     if (!THPVariable_Check(args[i])) {
       PyErr_Format(PyExc_TypeError, "combine_plain: handle tensor %d is a %s", i - 4, Py_TYPE(args[i])->tp_name);
@@ -204,6 +205,7 @@ PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const long index = PyLong_AsLong(args[8]);
   const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[9]));
+  const long own_begin = PyLong_AsLong(args[10]), own_rows = PyLong_AsLong(args[11]);
   if (PyErr_Occurred()) return nullptr;
   const at::Tensor& recv_src_idx = THPVariable_Unpack(args[6]);
   const at::Tensor& in_rank = THPVariable_Unpack(args[7]);
@@ -239,6 +241,10 @@ PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   a.is_token_in_rank = address<const bool>(in_rank);
   a.num_tokens = static_cast<int>(num_tokens);
   a.combined_x = combined_x.data_ptr();
+  if (own_begin >= 0 && own_begin <= INT_MAX && own_rows > 0 && own_rows <= INT_MAX) {
+    a.own_rows_begin = static_cast<int>(own_begin);
+    a.num_own_rows = static_cast<int>(own_rows);
+  }
 
   const int queued = g_entry->combine(args[0], args[1], &a, stream);
   if (queued < 0) return nullptr;

@@ -26,7 +26,8 @@ PyMethodDef kMethods[] = {
      "recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, rank_prefix_matrix) or None"},
     {"combine_plain", function(te::combine_plain), METH_FASTCALL,
      "combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens, recv_src_idx, "
-     "is_token_in_rank, device_index, stream) -> (combined_x, combined_topk_weights) or None"},
+     "is_token_in_rank, device_index, stream, own_rows_begin, num_own_rows) -> (combined_x, combined_topk_weights) or "
+     "None"},
     {"set_low_latency_entry", function(te::set_low_latency_entry), METH_O,
      "set_low_latency_entry(capsule): _C.Buffer.low_latency_entry, before the first low-latency op"},
     {"low_latency_dispatch", function(te::low_latency_dispatch), METH_FASTCALL,

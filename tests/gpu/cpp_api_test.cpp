@@ -191,6 +191,8 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   EXPECT(got.num_recv_tokens == rows, "num_recv_tokens %d, expected %d", got.num_recv_tokens, rows);
   EXPECT(got.num_recv_tokens_per_expert.size() == 1 && got.num_recv_tokens_per_expert[0] == rows,
          "per-expert counts wrong (%zu entries)", got.num_recv_tokens_per_expert.size());
+  EXPECT(got.own_rows_begin == rank * T && got.num_own_rows == T, "own rows [%d, +%d), expected [%d, +%d)",
+         got.own_rows_begin, got.num_own_rows, rank * T, T);
   EXPECT(buffer.last_host_wait_s() > 0 && buffer.last_host_wait_s() < buffer.timeout_s(), "last_host_wait_s %g s",
          buffer.last_host_wait_s());
 
@@ -205,6 +207,8 @@ int check_intranode(turnout::Buffer& buffer, int rank, int num_ranks, cudaStream
   c.num_tokens = T;
   c.num_sms = 4;
   c.combined_x = d_out;
+  c.own_rows_begin = got.own_rows_begin;
+  c.num_own_rows = got.num_own_rows;
   buffer.combine(c, stream);
   buffer.synchronize(stream, "intranode check");
 

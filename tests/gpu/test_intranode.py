@@ -90,6 +90,31 @@ def test_landing_areas_and_stages(ctx):
 test_landing_areas_and_stages.timeout = 600
 
 
+def test_combine_stage_leaves_out_only_the_rows_from_itself(ctx):
+    """Combine's copy into its stage leaves out the rows a rank sent itself
+    (its reducers read them from x): the handle of a dispatch that waited for
+    its counts says where they lie, and the sums match the reference. A range
+    the handle's matrix does not confirm sends every rank to the rings for
+    that call, and the sums still match, though the stage row it left out
+    holds another call's zeros."""
+    case = Case("uniform", 1024, 2048, 8, 64, biases=1)
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n) + stage_room(1024, case.hidden, n)) as buf:
+            what = f"n={n} {case}"
+            _, refs, out = round_trip(ctx, buf, case, n, what)
+            handle, me = out[4], ctx.rank
+            prefix = handle[0].cpu()
+            begin = int(prefix[me - 1, me]) if me else 0
+            assert handle._own_rows == (begin, int(prefix[me, me]) - begin), f"{what}: {handle._own_rows}"
+            zeros = torch.zeros_like(out[0])
+            for _ in range(2):  # both stages
+                buf.combine(zeros, handle, topk_weights=out[2])
+            count = handle._own_rows[1]
+            handle._own_rows = (begin - 1, count) if begin else (1, count)
+            back = combine(buf, case, n, me, out, ctx.device)
+            check_combine(back, reference_combine(case, n, refs, me), case, f"{what}, own rows misplaced")
+
+
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
     # Past 20 SMs combine sends a rank's rows for itself through a ring too.

@@ -36,7 +36,8 @@ class CombineArgs(ctypes.Structure):  # CombineArgs
                 ("source_num_tokens", ctypes.c_void_p), ("recv_src_idx", ctypes.c_void_p),
                 ("is_token_in_rank", ctypes.c_void_p), ("num_tokens", ctypes.c_int), ("num_sms", ctypes.c_int),
                 ("num_max_send_tokens", ctypes.c_int), ("num_max_recv_tokens", ctypes.c_int),
-                ("combined_x", ctypes.c_void_p), ("combined_topk_weights", ctypes.c_void_p)]
+                ("combined_x", ctypes.c_void_p), ("combined_topk_weights", ctypes.c_void_p),
+                ("own_rows_begin", ctypes.c_int), ("num_own_rows", ctypes.c_int)]
 
 
 ENTRY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Counts),

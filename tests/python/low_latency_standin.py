@@ -139,8 +139,11 @@ class NormalNativeStandIn(NativeStandIn):
     launches do. A dispatch that waits for its counts receives
     ``counts(call)``: by default what this rank sends, no token per expert."""
 
+    # Where the counts place this rank's rows from itself, (begin, count).
+    own_rows = (-1, 0)
+
     def counts(self, call):
-        return call["num_tokens"], [0] * call["num_experts"]
+        return (call["num_tokens"], [0] * call["num_experts"]) + self.own_rows
 
     def _call(self, method, args):
         call = self._record(method, args)

@@ -169,6 +169,21 @@ def test_bad_combine_arguments_raise_naming_them_and_launch_nothing(changes, kin
     assert launched(buf)[-1] == "dispatch" and launched(buf).count("combine") == 1
 
 
+@PATHS
+def test_combine_hands_on_where_the_dispatch_counts_put_its_own_rows(device_index):
+    buf = buffer_on(device_index)
+    inputs = Inputs(buf)
+    buf._context.native.own_rows = (2, 3)
+    recv_x, _, recv_weights, _, handle, _ = inputs.dispatch(buf)
+    buf.combine(recv_x, handle, recv_weights)
+    worst = inputs.dispatch(buf, num_worst_tokens=T * R)
+    buf.combine(worst[0], worst[4], worst[2])
+    # A handle as a plain tuple of the same tensors does not say.
+    buf.combine(recv_x, tuple(handle), recv_weights)
+    combines = [(c["own_rows_begin"], c["num_own_rows"]) for m, c in buf._context.native.calls if m == "combine"]
+    assert combines == [(2, 3), (-1, 0), (-1, 0)]
+
+
 def test_a_handle_of_another_buffer_is_refused():
     mine, other = buffer_on(FAST), buffer_on(FAST)
     handle = Inputs(other).dispatch(other)[4]

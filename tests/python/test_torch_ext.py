@@ -237,7 +237,8 @@ class CombineCall:
                          rank_prefix_matrix=torch.zeros(R, R, dtype=torch.int32),
                          source_num_tokens=torch.zeros(R, dtype=torch.int32),
                          recv_src_idx=torch.zeros(N, dtype=torch.int32),
-                         is_token_in_rank=torch.ones(T, R, dtype=torch.bool), device_index=FAST, stream=STREAM)
+                         is_token_in_rank=torch.ones(T, R, dtype=torch.bool), device_index=FAST, stream=STREAM,
+                         own_rows_begin=2, num_own_rows=3)
 
     def __call__(self, **changes):
         return MODULE.combine_plain(*dict(self.args, **changes).values())
@@ -258,6 +259,7 @@ def test_the_common_combine_hands_the_entry_what_it_returns(recorder, weights):
     for name in ("rank_prefix_matrix", "source_num_tokens", "recv_src_idx", "is_token_in_rank"):
         assert args[name] == a[name].data_ptr(), name
     assert args["bias0"] is None and args["bias1"] is None
+    assert (args["own_rows_begin"], args["num_own_rows"]) == (2, 3)
     if weights:
         assert combined_weights.dtype == torch.float32 and tuple(combined_weights.shape) == (T, K)
         assert args["topk_weights"] == a["topk_weights"].data_ptr() and args["num_topk"] == K
@@ -265,6 +267,13 @@ def test_the_common_combine_hands_the_entry_what_it_returns(recorder, weights):
     else:
         assert combined_weights is None and args["topk_weights"] is None and args["num_topk"] == 0
         assert args["combined_topk_weights"] is None
+
+
+@pytest.mark.parametrize("begin, count", [(-1, 0), (-1, 3), (2, 0), (2, -1)])
+def test_a_combine_without_its_own_rows_known_hands_the_entry_none(recorder, begin, count):
+    CombineCall()(own_rows_begin=begin, num_own_rows=count)
+    args = recorder.calls[0]["args"]
+    assert (args["own_rows_begin"], args["num_own_rows"]) == (-1, 0)
 
 
 COMBINE_DECLINED = {

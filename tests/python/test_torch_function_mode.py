@@ -173,7 +173,7 @@ class NormalStandIn(NormalNativeStandIn):
     """A fresh dispatch without num_worst_tokens receives NUM_RECV rows."""
 
     def counts(self, call):
-        return NUM_RECV, [NUM_RECV] + [0] * (call["num_experts"] - 1)
+        return NUM_RECV, [NUM_RECV] + [0] * (call["num_experts"] - 1), 0, NUM_RECV
 
 
 def normal_calls(buf, topk_idx, weights, x, bias, async_finish):

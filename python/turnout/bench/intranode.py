@@ -132,8 +132,8 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     handle = out[4]
     combined_x = out[0].new_empty(MAIN_TOKENS, HIDDEN)
     combine_args = (out[0].data_ptr(), out[0].shape[0], HIDDEN, 0, 0, 0, 0, handle[0].data_ptr(), handle[1].data_ptr(),
-                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0, caller,
-                    None, None)
+                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0,
+                    *handle._own_rows, caller, None, None)
     # (call, whether it waits for the counts on the host); the joins are what a
     # plain op paid before it ran on the caller's stream, and one on a stream switch does.
     calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),

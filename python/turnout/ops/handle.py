@@ -21,13 +21,21 @@ class DispatchHandle(tuple):
     - ``[5]`` None (DeepEP: send_head).
 
     A plain tuple or list of these entries is accepted too.
+
+    ``_own_rows``: where this rank's rows from itself lie in the receive
+    order, ``(begin, count)``, where the dispatch learned it on the host
+    (``(-1, 0)`` elsewhere); combine skips them when it stages its input.
     """
+
+    _own_rows = (-1, 0)
 
 
 def new_handle(context: OpContext, rank_prefix_matrix: torch.Tensor, source_num_tokens: torch.Tensor,
-               recv_src_idx: torch.Tensor, is_token_in_rank: torch.Tensor) -> DispatchHandle:
+               recv_src_idx: torch.Tensor, is_token_in_rank: torch.Tensor,
+               own_rows: Tuple[int, int] = (-1, 0)) -> DispatchHandle:
     handle = DispatchHandle((rank_prefix_matrix, source_num_tokens, None, recv_src_idx, is_token_in_rank, None))
     handle._owner = context.handle_owner
+    handle._own_rows = own_rows
     return handle
 
 

@@ -199,6 +199,7 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     native = context.native
     streams, wait_for, join_to, stream = op_streams.normal_op_streams(context, op, previous_event, async_finish,
                                                                       allocate_on_comm_stream)
+    own_begin, num_own = -1, 0
     try:
         x_ptr, in_rank_ptr = data.data_ptr(), is_token_in_rank.data_ptr()
         recv_topk_idx = recv_topk_weights = source_num_tokens = recv_src_idx = recv_scales = None
@@ -232,7 +233,7 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
                 (rank_prefix_matrix,) = _empty(device, _I32_CODE, num_ranks, num_ranks)
                 prefix_ptr = rank_prefix_matrix.data_ptr()
                 # Waits on the host for the receive sizes.
-                num_recv, per_expert = native.dispatch_counts(
+                num_recv, per_expert, own_begin, num_own = native.dispatch_counts(
                     in_rank_ptr, num_tokens, per_expert_ptr, num_experts, topk_idx_ptr, num_topk, expert_alignment,
                     0, config, prefix_ptr, stream, wait_for)
                 recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, _ = \
@@ -266,7 +267,8 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     if per_expert is None:
         return out_x, None, None, None, None, event
     return (out_x, recv_topk_idx, recv_topk_weights, per_expert,
-            new_handle(context, rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank), event)
+            new_handle(context, rank_prefix_matrix, source_num_tokens, recv_src_idx, is_token_in_rank,
+                       (own_begin, num_own)), event)
 
 
 def _checked_biases(context: OpContext, op: str, bias, num_tokens: int, hidden: int) -> list:
@@ -289,6 +291,7 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
     index = context.device_index
     # This buffer's own handle needs no check.
     own = type(handle) is _Handle and getattr(handle, "_owner", None) is context.handle_owner
+    own_begin, num_own = handle._own_rows if own else (-1, 0)
     if own:
         rank_prefix_matrix, source_num_tokens, _, recv_src_idx, is_token_in_rank, _ = handle
         if (_combine_plain is not None and bias is None and previous_event is None and not async_finish
@@ -298,7 +301,7 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
             native = context.native
             if context.tail == stream and not native.destroyed:
                 out = _combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens,
-                                     recv_src_idx, is_token_in_rank, index, stream)
+                                     recv_src_idx, is_token_in_rank, index, stream, own_begin, num_own)
                 if out is not None:
                     return out[0], out[1], EventOverlap()
     op = "combine"
@@ -342,7 +345,8 @@ def combine(context: OpContext, x: torch.Tensor, handle, topk_weights: Optional[
             x_ptr, num_rows, hidden, weights_ptr, num_topk, biases[0].data_ptr() if biases else 0,
             biases[1].data_ptr() if len(biases) > 1 else 0, rank_prefix_matrix.data_ptr(),
             source_num_tokens.data_ptr(), recv_src_idx.data_ptr(), is_token_in_rank.data_ptr(), num_tokens, config,
-            combined_x.data_ptr(), combined_topk_weights.data_ptr() if num_topk else 0, stream, wait_for, join_to)
+            combined_x.data_ptr(), combined_topk_weights.data_ptr() if num_topk else 0, own_begin, num_own, stream,
+            wait_for, join_to)
     except BaseException:
         op_streams.unwind(context, streams)
         raise

@@ -48,6 +48,9 @@ struct HandleCheck {
   int num_rows;    // rows of combine's x
   int num_tokens;  // rows of is_token_in_rank
   int stage_tag;   // 0, or 1 + the parity of the combine stage holding this rank's rows
+  // The rows from itself the stage skipped, [begin, begin + rows) (begin -1: none).
+  int skipped_begin;
+  int skipped_rows;
 };
 
 // Meets the peers, resets this rank's ring counters, and (with `counts`)

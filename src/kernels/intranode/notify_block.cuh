@@ -64,6 +64,18 @@ __device__ __forceinline__ int handle_misfit(const NotifyParams& p, int* rows) {
   return 0;
 }
 
+// The stage tag this rank tells its peers: its own, unless its stage skipped
+// rows the handle does not place as this rank's from itself (then 0: rows a
+// peer reads would be missing, and every rank takes the rings).
+__device__ __forceinline__ int published_stage_tag(const NotifyParams& p) {
+  const HandleCheck& h = p.handle;
+  if (h.stage_tag == 0 || h.skipped_begin < 0) return h.stage_tag;
+  const int R = p.peers.num_ranks, me = p.peers.rank;
+  const int begin = me > 0 ? h.rank_prefix_matrix[(me - 1) * R + me] : 0;
+  const bool same = begin == h.skipped_begin && h.rank_prefix_matrix[me * R + me] - begin == h.skipped_rows;
+  return same ? h.stage_tag : 0;
+}
+
 template <int kThreads>
 __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   __shared__ BadInput bad;
@@ -76,7 +88,7 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   // Our own inputs are read before the first barrier, so the reading overlaps
   // the wait for the slowest peer.
   __shared__ int32_t s_start[kMaxChannels + 1][kMaxNvlRanks];
-  __shared__ int s_handle_misfit, s_handle_rows;
+  __shared__ int s_handle_misfit, s_handle_rows, s_stage_tag;
   const uint32_t live_at_start = device::live_peers(p.ctx, R, me);
   if (threadIdx.x == 0) {
     // A dispatch also fails for an unshared error of an earlier call (a
@@ -86,6 +98,7 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
     bad.pending = bad.reason != 0;
     s_handle_misfit = p.exchange_counts ? 0 : handle_misfit(p, &s_handle_rows);
     if (s_handle_misfit) bad.reason = static_cast<int>(OpKind::kCombine);
+    s_stage_tag = p.exchange_counts || s_handle_misfit ? 0 : published_stage_tag(p);
   }
   if (p.exchange_counts) {
     for (int i = threadIdx.x; i < (C + 1) * kMaxNvlRanks; i += kThreads) (&s_start[0][0])[i] = 0;
@@ -176,7 +189,7 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   for (int j = threadIdx.x; j < R; j += kThreads)
     if (live >> j & 1) {
       at(p.peers.buffers[j], g.source_info)[me * 4 + 2] = bad.reason;
-      at(p.peers.buffers[j], g.source_info)[me * 4 + 3] = p.exchange_counts ? 0 : p.handle.stage_tag;
+      at(p.peers.buffers[j], g.source_info)[me * 4 + 3] = s_stage_tag;
     }
 
   if (p.exchange_counts) {
@@ -224,8 +237,8 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
     // Combine pulls from the stages only where every rank staged its rows in
     // the same one (ranks whose call counts parted after an error pull nothing).
     if (threadIdx.x == 0) {
-      bool all_staged = taking_part == (1u << R) - 1 && p.handle.stage_tag != 0;
-      for (int j = 0; j < R; ++j) all_staged = all_staged && info[j * 4 + 3] == p.handle.stage_tag;
+      bool all_staged = taking_part == (1u << R) - 1 && s_stage_tag != 0;
+      for (int j = 0; j < R; ++j) all_staged = all_staged && info[j * 4 + 3] == s_stage_tag;
       *at(self, g.pull) = all_staged;
     }
     for (int j = threadIdx.x; j < R; j += kThreads)

@@ -18,6 +18,23 @@ namespace {
 // its stage), nor in a CUDA graph: a graph's replays would all copy into the
 // stage it captured, over the rows a slower rank may still be pulling.
 // TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
+struct Rows {
+  int64_t begin = 0, count = 0;
+};
+
+// The caller's range of x's rows from this rank itself, where it lies within x.
+Rows own_rows(const CombineArgs& a) {
+  if (a.own_rows_begin < 0 || a.num_own_rows <= 0 || a.own_rows_begin > a.num_rows - a.num_own_rows) return {};
+  return {a.own_rows_begin, a.num_own_rows};
+}
+
+// Rows [begin, end) of `from` to the same rows of `to` (copy engine).
+void copy_rows(char* to, const void* from, int64_t begin, int64_t end, int row_bytes, cudaStream_t stream) {
+  if (end <= begin) return;
+  TURNOUT_CUDA_CHECK(cudaMemcpyAsync(to + begin * row_bytes, static_cast<const char*>(from) + begin * row_bytes,
+                                     (end - begin) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
 kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
                                    cudaStream_t stream) {
   static const bool allowed = switched_on("TURNOUT_COMBINE_STAGES");
@@ -33,8 +50,10 @@ kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const
   if (a.num_rows > stage.fit_rows) return {};
   char* dst = static_cast<char*>(core.local_nvl_buffer()) + stage.at;
   const int64_t rows = a.num_rows;
-  if (rows > 0)
-    TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst + stage.rows, a.x, rows * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  // The rows from this rank itself stay out: the reducers read them from x.
+  const Rows own = own_rows(a);
+  copy_rows(dst + stage.rows, a.x, 0, own.begin, row_bytes, stream);
+  copy_rows(dst + stage.rows, a.x, own.begin + own.count, rows, row_bytes, stream);
   if (rows > 0 && a.num_topk > 0)
     TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst, a.topk_weights, rows * a.num_topk * 4, cudaMemcpyDeviceToDevice, stream));
   return stage;
@@ -53,7 +72,14 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   // Before the check, whose barrier then orders every rank's copy before anyone pulls.
   const kernels::CombineStage stage = stage_inputs(core, a, plan.region, stream);
   const int stage_tag = stage.at < 0 ? 0 : 1 + stage.parity;
-  const kernels::HandleCheck handle{a.rank_prefix_matrix, a.source_num_tokens, a.num_rows, a.num_tokens, stage_tag};
+  const Rows skipped = stage.at < 0 ? Rows{-1, 0} : own_rows(a);
+  const kernels::HandleCheck handle{a.rank_prefix_matrix,
+                                    a.source_num_tokens,
+                                    a.num_rows,
+                                    a.num_tokens,
+                                    stage_tag,
+                                    skipped.count > 0 ? static_cast<int>(skipped.begin) : -1,
+                                    static_cast<int>(skipped.count)};
   const kernels::NotifyParams check{peers, plan.region, false, {}, handle, nullptr, 0, ctx};
   // With few channels the send blocks skip this rank's own rows (see kOwnRowsDirectMaxChannels).
   const bool own_rows_direct = plan.region.num_channels <= kernels::kOwnRowsDirectMaxChannels;

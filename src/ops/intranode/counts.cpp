@@ -37,6 +37,8 @@ DispatchCounts wait_recv_counts(BufferCore& core, CountsMailbox& mailbox, const 
   core.set_counted_rows({box->max_recv_tokens, box->own_rows_begin, box->own_rows});
   DispatchCounts out;
   out.num_recv_tokens = box->num_recv_tokens;
+  out.own_rows_begin = box->own_rows_begin;
+  out.num_own_rows = box->own_rows;
   out.num_recv_tokens_per_expert.assign(box->num_recv_tokens_per_expert,
                                         box->num_recv_tokens_per_expert + experts_per_rank);
   return out;
