@@ -90,6 +90,19 @@ def test_landing_areas_and_stages(ctx):
 test_landing_areas_and_stages.timeout = 600
 
 
+def test_fp8_past_64_scale_groups(ctx):
+    """FP8 rows of more than 64 scale groups (hidden 10240: 80), whose groups
+    past 64 each path moves apart from the rest (a lane holds two), landed and
+    through the rings, against the reference."""
+    case = Case("skip_rank", 512, 10240, 8, 64, fp8=True, biases=1)
+    for n, g in ctx.each_group():
+        rings_only = nvl_bytes(case.hidden, n)
+        with ctx.buffer(g, num_nvl_bytes=rings_only + stage_room(case.tokens, case.hidden, n)) as landing, \
+                ctx.buffer(g, num_nvl_bytes=rings_only) as rings:
+            round_trip(ctx, landing, case, n, f"n={n} {case}, landing areas")
+            round_trip(ctx, rings, case, n, f"n={n} {case}, rings")
+
+
 def test_combine_stage_leaves_out_only_the_rows_from_itself(ctx):
     """Combine's copy into its stage leaves out the rows a rank sent itself
     (its reducers read them from x): the handle of a dispatch that waited for
