@@ -179,19 +179,19 @@ def modes(buffer: Buffer):
             run = make(n)
 
             def in_python():
-                saved = (intranode._dispatch_worst, intranode._combine_plain, ll._dispatch_in_one_call,
-                         ll._combine_in_one_call)
-                intranode._dispatch_worst = intranode._combine_plain = None
+                saved = (intranode._dispatch_worst, intranode._dispatch_waited, intranode._combine_plain,
+                         ll._dispatch_in_one_call, ll._combine_in_one_call)
+                intranode._dispatch_worst = intranode._dispatch_waited = intranode._combine_plain = None
                 ll._dispatch_in_one_call = ll._combine_in_one_call = None
                 try:
                     run()
                 finally:
-                    (intranode._dispatch_worst, intranode._combine_plain, ll._dispatch_in_one_call,
-                     ll._combine_in_one_call) = saved
+                    (intranode._dispatch_worst, intranode._dispatch_waited, intranode._combine_plain,
+                     ll._dispatch_in_one_call, ll._combine_in_one_call) = saved
             return in_python
         return made
 
-    def one_call(make, mirror=intranode_entry_mirror):
+    def one_call(make, mirror=intranode_entry_mirror, calls_per_op=1):
         # turnout._torch_ext's one-call path with a ctypes entry (mirror's)
         # that queues nothing (its callback from C into Python is part of the
         # figure), from the calls `make` makes first (a hook's send) to the
@@ -213,7 +213,7 @@ def modes(buffer: Buffer):
                 finally:
                     restore_entries()
                     alive = None
-                if entry.count - before != n:
+                if entry.count - before != n * calls_per_op:
                     raise RuntimeError(f"the one-call path took {entry.count - before} of {n} calls")
             return through_entry
         return made
@@ -231,6 +231,8 @@ def modes(buffer: Buffer):
     one_call_modes = [] if torch_ext.MODULE is None else [
         ("dispatch BF16, num_worst_tokens, one call", one_call(worst_bf16)),
         ("dispatch FP8, num_worst_tokens, one call", one_call(worst_fp8)),
+        # Its counts step, then its data step: two calls into the entry.
+        ("dispatch BF16, counts from the host, one call", one_call(loop(normal_dispatch), calls_per_op=2)),
         ("combine BF16, with weights, one call", one_call(normal_combine))]
     ll_dispatch = loop(dispatch)
     ll_dispatch_stats = loop(lambda: dispatch(cumulative_local_expert_recv_stats=stats))
@@ -252,7 +254,7 @@ def modes(buffer: Buffer):
     return [
         ("get_dispatch_layout", loop(lambda: buffer.get_dispatch_layout(topk_idx, EXPERTS))),
         ("dispatch BF16, num_worst_tokens", python_path(worst_bf16)),
-        ("dispatch BF16, counts from the host", loop(normal_dispatch)),
+        ("dispatch BF16, counts from the host", python_path(loop(normal_dispatch))),
         ("dispatch BF16, cached", cached_dispatch),
         ("dispatch FP8, num_worst_tokens", python_path(worst_fp8)),
         ("combine BF16, with weights", python_path(normal_combine)),

@@ -2,6 +2,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -194,8 +195,35 @@ int entry_combine(PyObject* native, PyObject* config, CombineArgs* a, uintptr_t 
   });
 }
 
-const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs),      sizeof(DispatchCountsArgs),
-                               sizeof(CombineArgs),    entry_dispatch_known_rows, entry_combine};
+int entry_dispatch_counts(PyObject* native, PyObject* config, DispatchCountsArgs* counts, WaitedCounts* out,
+                          uintptr_t s) {
+  return run_entry(native, config, [&](Buffer& b, const Config& c) {
+    set_channels(*counts, c);
+    DispatchCounts got;
+    {
+      nb::gil_scoped_release release;
+      got = b.dispatch_counts(*counts, stream(s));
+    }
+    if (got.num_recv_tokens_per_expert.size() != static_cast<size_t>(out->num_local_experts))
+      throw Error("dispatch: " + std::to_string(got.num_recv_tokens_per_expert.size()) +
+                  " per-expert counts for room of " + std::to_string(out->num_local_experts));
+    std::copy(got.num_recv_tokens_per_expert.begin(), got.num_recv_tokens_per_expert.end(), out->per_expert);
+    out->num_recv_tokens = got.num_recv_tokens;
+    out->own_rows_begin = got.own_rows_begin;
+    out->num_own_rows = got.num_own_rows;
+  });
+}
+
+int entry_dispatch(PyObject* native, PyObject* config, DispatchArgs* a, uintptr_t s) {
+  return run_entry(native, config, [&](Buffer& b, const Config& c) {
+    set_channels(*a, c);
+    b.dispatch(*a, stream(s));
+  });
+}
+
+const IntranodeEntry kEntry = {sizeof(IntranodeEntry), sizeof(DispatchArgs),  sizeof(DispatchCountsArgs),
+                               sizeof(CombineArgs),    sizeof(WaitedCounts),  entry_dispatch_known_rows,
+                               entry_combine,          entry_dispatch_counts, entry_dispatch};
 
 }  // namespace
 

@@ -15,11 +15,22 @@ namespace turnout::bindings {
 
 inline constexpr const char* kIntranodeEntryName = "turnout._C.intranode_entry";
 
+// What the counts step of a dispatch that waits for them tells the host
+// (DispatchCounts as plain fields); the per-expert counts go to `per_expert`.
+struct WaitedCounts {
+  int num_recv_tokens;
+  int own_rows_begin;
+  int num_own_rows;
+  int num_local_experts;  // the room at per_expert, L
+  int* per_expert;
+};
+
 struct IntranodeEntry {
   uint32_t entry_size;    // sizeof(IntranodeEntry)
   uint32_t args_size;     // sizeof(DispatchArgs)
   uint32_t counts_size;   // sizeof(DispatchCountsArgs)
   uint32_t combine_size;  // sizeof(CombineArgs)
+  uint32_t waited_size;   // sizeof(WaitedCounts)
   // Each: GIL held; the op on `native` (a _C.Buffer) with `config` (a
   // _C.Config)'s channels, queued on `stream`. 1 when `native` or `config` is
   // not of _C's types (nothing done, no error set), 0 when queued, -1 with
@@ -28,6 +39,12 @@ struct IntranodeEntry {
   int (*dispatch_known_rows)(PyObject* native, PyObject* config, DispatchCountsArgs* counts, DispatchArgs* args,
                              uintptr_t stream);
   int (*combine)(PyObject* native, PyObject* config, CombineArgs* args, uintptr_t stream);
+  // A fresh dispatch without num_worst_tokens: its counts step, which waits
+  // for the receive counts with the GIL released, then its data step into
+  // outputs sized from them.
+  int (*dispatch_counts)(PyObject* native, PyObject* config, DispatchCountsArgs* counts, WaitedCounts* out,
+                         uintptr_t stream);
+  int (*dispatch)(PyObject* native, PyObject* config, DispatchArgs* args, uintptr_t stream);
 };
 
 }  // namespace turnout::bindings

@@ -1,6 +1,6 @@
 // The common intranode dispatch and combine, each in one call. Dispatch: a
-// fresh one with num_worst_tokens, BF16 rows or FP8 rows with their scales,
-// top-k given; combine: of this buffer's handle, BF16 rows, with or without
+// fresh one, with num_worst_tokens or waiting for its counts, BF16 rows or
+// FP8 rows with their scales, top-k given; combine: of this buffer's handle, BF16 rows, with or without
 // top-k weights, no bias. Either: every tensor plain (exactly torch.Tensor,
 // contiguous, on the buffer's device), no events, and the caller's stream
 // already the buffer's last (the Python layer's gate). The checks are the
@@ -58,7 +58,8 @@ PyObject* set_intranode_entry(PyObject*, PyObject* capsule) {
   const auto* entry = static_cast<const IntranodeEntry*>(PyCapsule_GetPointer(capsule, bindings::kIntranodeEntryName));
   if (entry == nullptr) return nullptr;
   if (entry->entry_size != sizeof(IntranodeEntry) || entry->args_size != sizeof(DispatchArgs) ||
-      entry->counts_size != sizeof(DispatchCountsArgs) || entry->combine_size != sizeof(CombineArgs)) {
+      entry->counts_size != sizeof(DispatchCountsArgs) || entry->combine_size != sizeof(CombineArgs) ||
+      entry->waited_size != sizeof(bindings::WaitedCounts)) {
     PyErr_SetString(PyExc_ImportError,
                     "turnout._torch_ext and turnout._C come from different builds: their intranode entries differ");
     return nullptr;
@@ -66,6 +67,149 @@ PyObject* set_intranode_entry(PyObject*, PyObject* capsule) {
   g_entry = entry;
   Py_RETURN_NONE;
 }
+
+namespace {
+
+// A fresh dispatch with top-k as the common case has it: args[2..8] are x,
+// num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
+// topk_weights and expert_alignment.
+struct FreshDispatch {
+  const at::Tensor* data = nullptr;    // BF16 rows, or FP8 rows with...
+  const at::Tensor* scales = nullptr;  // ...their f32 or i32 scales
+  const at::Tensor* in_rank = nullptr;
+  const at::Tensor* per_expert = nullptr;
+  const at::Tensor* topk_idx = nullptr;
+  const at::Tensor* topk_weights = nullptr;
+  int64_t row_bytes = 0, num_tokens = 0, hidden = 0, num_experts = 0, num_topk = 0;
+  int expert_alignment = 0;
+};
+
+// Whether args are that case (then `d` holds them); nothing is set where not.
+bool take_fresh_dispatch(PyObject* const* args, long num_ranks, long index, FreshDispatch& d) {
+  if (!int_at_least(args[8], 1, &d.expert_alignment)) return false;
+  // The rows: a BF16 tensor, or an (FP8 rows, f32 or i32 scales) tuple.
+  PyObject* x = args[2];
+  if (is_tensor(x)) {
+    d.data = plain(x, at::kBFloat16, 2, index);
+    if (d.data == nullptr || d.data->size(1) % 8 != 0 || !aligned16(*d.data)) return false;
+    d.row_bytes = d.data->size(1) * 2;
+  } else if (PyTuple_CheckExact(x) && PyTuple_GET_SIZE(x) == 2 && is_tensor(PyTuple_GET_ITEM(x, 1))) {
+    d.data = plain(PyTuple_GET_ITEM(x, 0), at::kFloat8_e4m3fn, 2, index);
+    d.scales = &THPVariable_Unpack(PyTuple_GET_ITEM(x, 1));
+    const at::ScalarType st = d.scales->scalar_type();
+    if (d.data == nullptr || (st != at::kFloat && st != at::kInt) || d.scales->dim() != 2 ||
+        d.scales->get_device() != index || d.scales->size(0) != d.data->size(0) || d.data->size(1) % 16 != 0 ||
+        !aligned16(*d.data))
+      return false;
+    d.row_bytes = d.data->size(1);
+  } else {
+    return false;
+  }
+  d.num_tokens = d.data->size(0);
+  d.hidden = d.data->size(1);
+  // The layout and the top-k.
+  const at::Tensor* per_rank = plain(args[3], at::kInt, 1, index);
+  d.in_rank = plain(args[4], at::kBool, 2, index);
+  d.per_expert = plain(args[5], at::kInt, 1, index);
+  d.topk_idx = plain(args[6], at::kLong, 2, index);
+  d.topk_weights = plain(args[7], at::kFloat, 2, index);
+  if (per_rank == nullptr || d.in_rank == nullptr || d.per_expert == nullptr || d.topk_idx == nullptr ||
+      d.topk_weights == nullptr)
+    return false;
+  d.num_experts = d.per_expert->size(0);
+  d.num_topk = d.topk_idx->size(1);
+  return d.in_rank->size(0) == d.num_tokens && d.in_rank->size(1) == num_ranks && per_rank->size(0) == num_ranks &&
+         d.topk_idx->size(0) == d.num_tokens && d.topk_weights->sizes() == d.topk_idx->sizes() && d.num_experts != 0 &&
+         d.num_experts % num_ranks == 0 && d.num_topk != 0 && d.num_tokens <= INT_MAX && d.row_bytes <= INT_MAX &&
+         d.num_experts <= INT_MAX;
+}
+
+// A dispatch's outputs of `rows` rows as the Python layer makes them
+// (ops/intranode.py's _receive_outputs): the rows and their scales each
+// alone, the rest in one allocation; rank_prefix_matrix with them, or
+// `prefix` made before.
+struct ReceiveOutputs {
+  at::Tensor recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix;
+};
+
+ReceiveOutputs make_receive_outputs(const FreshDispatch& d, int64_t rows, long num_ranks, at::Tensor prefix) {
+  OutputSpec specs[7];
+  size_t count = 0;
+  specs[count++] = {d.data->scalar_type(), rows, d.hidden};
+  if (d.scales != nullptr) specs[count++] = {d.scales->scalar_type(), rows, d.scales->size(1)};
+  const size_t separate = count;
+  specs[count++] = {at::kLong, rows, d.num_topk};
+  specs[count++] = {at::kFloat, rows, d.num_topk};
+  specs[count++] = {at::kInt, num_ranks, -1};
+  specs[count++] = {at::kInt, rows, -1};
+  if (!prefix.defined()) specs[count++] = {at::kInt, num_ranks, num_ranks};
+  std::vector<at::Tensor> made = make_outputs(at::TensorOptions().device(d.data->device()), specs, count, separate);
+  ReceiveOutputs o;
+  o.recv_x = std::move(made[0]);
+  if (d.scales != nullptr) o.recv_scales = std::move(made[1]);
+  o.recv_topk_idx = std::move(made[separate]);
+  o.recv_topk_weights = std::move(made[separate + 1]);
+  o.source_num_tokens = std::move(made[separate + 2]);
+  o.recv_src_idx = std::move(made[separate + 3]);
+  o.prefix = prefix.defined() ? std::move(prefix) : std::move(made[separate + 4]);
+  return o;
+}
+
+// The counts step's arguments; the rows the outputs have when known (num_worst_tokens), else 0.
+DispatchCountsArgs counts_args(const FreshDispatch& d, const at::Tensor& prefix, int num_worst) {
+  DispatchCountsArgs c;
+  c.num_tokens = static_cast<int>(d.num_tokens);
+  c.is_token_in_rank = address<const bool>(*d.in_rank);
+  c.num_tokens_per_expert = address<const int32_t>(*d.per_expert);
+  c.num_experts = static_cast<int>(d.num_experts);
+  c.topk_idx = address<const int64_t>(*d.topk_idx);
+  c.num_topk = static_cast<int>(d.num_topk);
+  c.expert_alignment = d.expert_alignment;
+  c.num_worst_tokens = num_worst;
+  c.rank_prefix_matrix = address<int32_t>(prefix);
+  return c;
+}
+
+// The data step's arguments into `o`'s `rows` rows.
+DispatchArgs data_args(const FreshDispatch& d, const ReceiveOutputs& o, int rows, int num_worst) {
+  DispatchArgs a;
+  a.x = d.data->data_ptr();
+  a.num_tokens = static_cast<int>(d.num_tokens);
+  a.row_bytes = static_cast<int>(d.row_bytes);
+  if (d.scales != nullptr) {
+    a.x_scales = d.scales->data_ptr();
+    a.num_scales = static_cast<int>(d.scales->size(1));
+    a.scale_stride_token = d.scales->stride(0);
+    a.scale_stride_group = d.scales->stride(1);
+  }
+  a.topk_idx = address<const int64_t>(*d.topk_idx);
+  a.topk_weights = address<const float>(*d.topk_weights);
+  a.num_topk = static_cast<int>(d.num_topk);
+  a.num_experts = static_cast<int>(d.num_experts);
+  a.is_token_in_rank = address<const bool>(*d.in_rank);
+  a.rank_prefix_matrix = address<const int32_t>(o.prefix);
+  a.num_recv_rows = rows;
+  a.num_worst_tokens = num_worst;
+  a.out.recv_x = o.recv_x.data_ptr();
+  a.out.recv_x_scales = d.scales != nullptr ? o.recv_scales.data_ptr() : nullptr;
+  a.out.recv_topk_idx = address<int64_t>(o.recv_topk_idx);
+  a.out.recv_topk_weights = address<float>(o.recv_topk_weights);
+  a.out.recv_src_idx = address<int32_t>(o.recv_src_idx);
+  a.out.source_num_tokens = address<int32_t>(o.source_num_tokens);
+  return a;
+}
+
+std::vector<at::Tensor> tensors_of(ReceiveOutputs&& o) {
+  return {std::move(o.recv_x),
+          std::move(o.recv_scales),
+          std::move(o.recv_topk_idx),
+          std::move(o.recv_topk_weights),
+          std::move(o.source_num_tokens),
+          std::move(o.recv_src_idx),
+          std::move(o.prefix)};
+}
+
+}  // namespace
 
 // dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank,
 // num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
@@ -79,111 +223,71 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long index = PyLong_AsLong(args[11]);
   const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[12]));
   if (PyErr_Occurred()) return nullptr;
-  int expert_alignment = 0, num_worst = 0;
-  if (!int_at_least(args[8], 1, &expert_alignment) || !int_at_least(args[9], 1, &num_worst)) Py_RETURN_NONE;
-
-  // The rows: a BF16 tensor, or an (FP8 rows, f32 or i32 scales) tuple.
-  PyObject* x = args[2];
-  const at::Tensor* data = nullptr;
-  const at::Tensor* scales = nullptr;
-  int64_t row_bytes = 0;
-  if (is_tensor(x)) {
-    data = plain(x, at::kBFloat16, 2, index);
-    if (data == nullptr || data->size(1) % 8 != 0 || !aligned16(*data)) Py_RETURN_NONE;
-    row_bytes = data->size(1) * 2;
-  } else if (PyTuple_CheckExact(x) && PyTuple_GET_SIZE(x) == 2 && is_tensor(PyTuple_GET_ITEM(x, 1))) {
-    data = plain(PyTuple_GET_ITEM(x, 0), at::kFloat8_e4m3fn, 2, index);
-    scales = &THPVariable_Unpack(PyTuple_GET_ITEM(x, 1));
-    const at::ScalarType st = scales->scalar_type();
-    if (data == nullptr || (st != at::kFloat && st != at::kInt) || scales->dim() != 2 ||
-        scales->get_device() != index || scales->size(0) != data->size(0) || data->size(1) % 16 != 0 ||
-        !aligned16(*data))
-      Py_RETURN_NONE;
-    row_bytes = data->size(1);
-  } else {
-    Py_RETURN_NONE;
-  }
-  const int64_t num_tokens = data->size(0), hidden = data->size(1);
-
-  // The layout and the top-k.
-  const at::Tensor* per_rank = plain(args[3], at::kInt, 1, index);
-  const at::Tensor* in_rank = plain(args[4], at::kBool, 2, index);
-  const at::Tensor* per_expert = plain(args[5], at::kInt, 1, index);
-  const at::Tensor* topk_idx = plain(args[6], at::kLong, 2, index);
-  const at::Tensor* topk_weights = plain(args[7], at::kFloat, 2, index);
-  if (per_rank == nullptr || in_rank == nullptr || per_expert == nullptr || topk_idx == nullptr ||
-      topk_weights == nullptr)
-    Py_RETURN_NONE;
-  const int64_t num_experts = per_expert->size(0), num_topk = topk_idx->size(1);
-  if (in_rank->size(0) != num_tokens || in_rank->size(1) != num_ranks || per_rank->size(0) != num_ranks ||
-      topk_idx->size(0) != num_tokens || topk_weights->sizes() != topk_idx->sizes() || num_experts == 0 ||
-      num_experts % num_ranks != 0 || num_topk == 0 || num_tokens > INT_MAX || row_bytes > INT_MAX ||
-      num_experts > INT_MAX)
-    Py_RETURN_NONE;
-
-  // The outputs as the Python layer makes them (ops/intranode.py's
-  // _receive_outputs), on the rows' device: the rows and their scales each
-  // alone, the rest in one allocation.
-  const int64_t rows = num_worst;
-  OutputSpec specs[7];
-  size_t count = 0;
-  specs[count++] = {data->scalar_type(), rows, hidden};
-  if (scales != nullptr) specs[count++] = {scales->scalar_type(), rows, scales->size(1)};
-  const size_t separate = count;
-  specs[count++] = {at::kLong, rows, num_topk};
-  specs[count++] = {at::kFloat, rows, num_topk};
-  specs[count++] = {at::kInt, num_ranks, -1};
-  specs[count++] = {at::kInt, rows, -1};
-  specs[count++] = {at::kInt, num_ranks, num_ranks};
-  std::vector<at::Tensor> made = make_outputs(at::TensorOptions().device(data->device()), specs, count, separate);
-  at::Tensor& recv_x = made[0];
-  at::Tensor recv_scales = scales != nullptr ? made[1] : at::Tensor();
-  at::Tensor& recv_topk_idx = made[separate];
-  at::Tensor& recv_topk_weights = made[separate + 1];
-  at::Tensor& source_num_tokens = made[separate + 2];
-  at::Tensor& recv_src_idx = made[separate + 3];
-  at::Tensor& prefix = made[separate + 4];
-
-  DispatchArgs a;
-  a.x = data->data_ptr();
-  a.num_tokens = static_cast<int>(num_tokens);
-  a.row_bytes = static_cast<int>(row_bytes);
-  if (scales != nullptr) {
-    a.x_scales = scales->data_ptr();
-    a.num_scales = static_cast<int>(scales->size(1));
-    a.scale_stride_token = scales->stride(0);
-    a.scale_stride_group = scales->stride(1);
-  }
-  a.topk_idx = address<const int64_t>(*topk_idx);
-  a.topk_weights = address<const float>(*topk_weights);
-  a.num_topk = static_cast<int>(num_topk);
-  a.num_experts = static_cast<int>(num_experts);
-  a.is_token_in_rank = address<const bool>(*in_rank);
-  a.rank_prefix_matrix = address<const int32_t>(prefix);
-  a.num_recv_rows = num_worst;
-  a.num_worst_tokens = num_worst;
-  a.out.recv_x = recv_x.data_ptr();
-  a.out.recv_x_scales = scales != nullptr ? recv_scales.data_ptr() : nullptr;
-  a.out.recv_topk_idx = address<int64_t>(recv_topk_idx);
-  a.out.recv_topk_weights = address<float>(recv_topk_weights);
-  a.out.recv_src_idx = address<int32_t>(recv_src_idx);
-  a.out.source_num_tokens = address<int32_t>(source_num_tokens);
-  DispatchCountsArgs counts;
-  counts.num_tokens = a.num_tokens;
-  counts.is_token_in_rank = a.is_token_in_rank;
-  counts.num_tokens_per_expert = address<const int32_t>(*per_expert);
-  counts.num_experts = a.num_experts;
-  counts.topk_idx = a.topk_idx;
-  counts.num_topk = a.num_topk;
-  counts.expert_alignment = expert_alignment;
-  counts.num_worst_tokens = num_worst;  // the rows the outputs have
-  counts.rank_prefix_matrix = address<int32_t>(prefix);
-
+  int num_worst = 0;
+  FreshDispatch d;
+  if (!int_at_least(args[9], 1, &num_worst) || !take_fresh_dispatch(args, num_ranks, index, d)) Py_RETURN_NONE;
+  ReceiveOutputs o = make_receive_outputs(d, num_worst, num_ranks, at::Tensor());
+  DispatchArgs a = data_args(d, o, num_worst, num_worst);
+  DispatchCountsArgs counts = counts_args(d, o.prefix, num_worst);  // num_worst: the rows the outputs have
   const int queued = g_entry->dispatch_known_rows(args[0], args[1], &counts, &a, stream);
   if (queued < 0) return nullptr;
   if (queued > 0) Py_RETURN_NONE;
-  return tuple_of({std::move(recv_x), std::move(recv_scales), std::move(recv_topk_idx), std::move(recv_topk_weights),
-                   std::move(source_num_tokens), std::move(recv_src_idx), std::move(prefix)});
+  return tuple_of(tensors_of(std::move(o)));
+  END_HANDLE_TH_ERRORS
+}
+
+// dispatch_waited(native, config, x, num_tokens_per_rank, is_token_in_rank,
+// num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_ranks,
+// device_index, stream): a fresh dispatch without num_worst_tokens, which
+// waits on the host for the receive counts (the GIL released) and then
+// moves the rows into outputs of that many rows: the seven outputs, the
+// per-expert receive counts (a list), and where the rows from this rank
+// itself lie (begin, count); or None where the call is not one this path
+// takes.
+PyObject* dispatch_waited(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!ready_to_call("dispatch_waited", nargs, 12)) return nullptr;
+  const long num_ranks = PyLong_AsLong(args[9]);
+  const long index = PyLong_AsLong(args[10]);
+  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[11]));
+  if (PyErr_Occurred()) return nullptr;
+  FreshDispatch d;
+  if (!take_fresh_dispatch(args, num_ranks, index, d)) Py_RETURN_NONE;
+  at::Tensor prefix = at::empty({num_ranks, num_ranks}, at::TensorOptions().device(d.data->device()).dtype(at::kInt));
+  DispatchCountsArgs counts = counts_args(d, prefix, 0);
+  std::vector<int> per_expert(static_cast<size_t>(d.num_experts / num_ranks));
+  bindings::WaitedCounts got{-1, -1, 0, static_cast<int>(per_expert.size()), per_expert.data()};
+  const int counted = g_entry->dispatch_counts(args[0], args[1], &counts, &got, stream);
+  if (counted < 0) return nullptr;
+  if (counted > 0) Py_RETURN_NONE;
+  ReceiveOutputs o = make_receive_outputs(d, got.num_recv_tokens, num_ranks, std::move(prefix));
+  DispatchArgs a = data_args(d, o, got.num_recv_tokens, 0);
+  // The counts step has run: the data step must follow it, so a buffer it
+  // does not take is an error here, not a call to decline.
+  const int queued = g_entry->dispatch(args[0], args[1], &a, stream);
+  if (queued < 0) return nullptr;
+  if (queued > 0) {
+    PyErr_SetString(PyExc_RuntimeError, "dispatch_waited: the data step's entry did not take the buffer");
+    return nullptr;
+  }
+  PyObject* outputs = tuple_of(tensors_of(std::move(o)));
+  if (outputs == nullptr) return nullptr;
+  PyObject* counts_list = PyList_New(static_cast<Py_ssize_t>(per_expert.size()));
+  if (counts_list == nullptr) {
+    Py_DECREF(outputs);
+    return nullptr;
+  }
+  for (size_t i = 0; i < per_expert.size(); ++i) {
+    PyObject* v = PyLong_FromLong(per_expert[i]);
+    if (v == nullptr) {
+      Py_DECREF(outputs);
+      Py_DECREF(counts_list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(counts_list, static_cast<Py_ssize_t>(i), v);
+  }
+  PyObject* out = Py_BuildValue("(NNii)", outputs, counts_list, got.own_rows_begin, got.num_own_rows);
+  return out;
   END_HANDLE_TH_ERRORS
 }
 

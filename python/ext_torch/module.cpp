@@ -24,6 +24,11 @@ PyMethodDef kMethods[] = {
      "dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, "
      "topk_weights, expert_alignment, num_worst_tokens, num_ranks, device_index, stream) -> (recv_x, recv_x_scales, "
      "recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, rank_prefix_matrix) or None"},
+    {"dispatch_waited", function(te::dispatch_waited), METH_FASTCALL,
+     "dispatch_waited(native, config, x, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, "
+     "topk_weights, expert_alignment, num_ranks, device_index, stream) -> ((recv_x, recv_x_scales, recv_topk_idx, "
+     "recv_topk_weights, source_num_tokens, recv_src_idx, rank_prefix_matrix), num_recv_tokens_per_expert_list, "
+     "own_rows_begin, num_own_rows) or None"},
     {"combine_plain", function(te::combine_plain), METH_FASTCALL,
      "combine_plain(native, config, x, topk_weights, rank_prefix_matrix, source_num_tokens, recv_src_idx, "
      "is_token_in_rank, device_index, stream, own_rows_begin, num_own_rows) -> (combined_x, combined_topk_weights) or "

@@ -41,11 +41,12 @@ PyObject* empty(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* empty_packed(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 // intranode_ops.cpp: set_intranode_entry(capsule), once at import; then
-// dispatch_worst(...) and combine_plain(...) -> the outputs of an op they
+// dispatch_worst(...), dispatch_waited(...) and combine_plain(...) -> the outputs of an op they
 // queued, or None where the call is not the common case they take (the
 // Python layer then does it).
 PyObject* set_intranode_entry(PyObject*, PyObject* capsule);
 PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs);
+PyObject* dispatch_waited(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 PyObject* combine_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 // low_latency_ops.cpp: set_low_latency_entry(capsule), once at import; then

@@ -40,21 +40,32 @@ class CombineArgs(ctypes.Structure):  # CombineArgs
                 ("own_rows_begin", ctypes.c_int), ("num_own_rows", ctypes.c_int)]
 
 
+class WaitedCounts(ctypes.Structure):  # WaitedCounts
+    _fields_ = [("num_recv_tokens", ctypes.c_int), ("own_rows_begin", ctypes.c_int), ("num_own_rows", ctypes.c_int),
+                ("num_local_experts", ctypes.c_int), ("per_expert", ctypes.POINTER(ctypes.c_int))]
+
+
 ENTRY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Counts),
                             ctypes.POINTER(Args), ctypes.c_size_t)
 COMBINE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(CombineArgs),
                               ctypes.c_size_t)
+COUNTS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Counts),
+                             ctypes.POINTER(WaitedCounts), ctypes.c_size_t)
+DATA_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.POINTER(Args), ctypes.c_size_t)
 
 
 class Entry(ctypes.Structure):  # IntranodeEntry
     _fields_ = [("entry_size", ctypes.c_uint32), ("args_size", ctypes.c_uint32), ("counts_size", ctypes.c_uint32),
-                ("combine_size", ctypes.c_uint32), ("dispatch_known_rows", ENTRY_FN), ("combine", COMBINE_FN)]
+                ("combine_size", ctypes.c_uint32), ("waited_size", ctypes.c_uint32),
+                ("dispatch_known_rows", ENTRY_FN), ("combine", COMBINE_FN), ("dispatch_counts", COUNTS_FN),
+                ("dispatch", DATA_FN)]
 
 
 def sizes(**changes):
     """The four sizes of an entry, as this build's structs have them, with ``changes``."""
     return dict(dict(entry_size=ctypes.sizeof(Entry), args_size=ctypes.sizeof(Args),
-                     counts_size=ctypes.sizeof(Counts), combine_size=ctypes.sizeof(CombineArgs)), **changes)
+                     counts_size=ctypes.sizeof(Counts), combine_size=ctypes.sizeof(CombineArgs),
+                     waited_size=ctypes.sizeof(WaitedCounts)), **changes)
 
 
 def capsule(entry, name=b"turnout._C.intranode_entry"):
@@ -70,11 +81,38 @@ def values(structure):
 
 
 class Recorder:
-    """Keeps each call's arguments in ``calls`` (``op`` "dispatch" or
-    "combine"); with ``keep`` false it only counts them (for timing)."""
+    """Keeps each call's arguments in ``calls`` (``op`` "dispatch",
+    "combine", or a dispatch that waits for its counts: "counts" then
+    "data"); with ``keep`` false it only counts them (for timing). A counts
+    call answers ``num_recv`` rows, ``own_rows`` and per-expert counts 1, 2,
+    ...; ``counts_code`` is its return, ``code`` every other's."""
 
     def __init__(self, keep: bool = True):
-        self.calls, self.count, self.code = [], 0, 0
+        self.calls, self.count, self.code, self.counts_code = [], 0, 0, 0
+        self.num_recv, self.own_rows = 5, (1, 2)
+        per_expert = {}  # by count: 1, 2, ..., made once
+
+        def counts(native, config, counts, out, stream):
+            self.count += 1
+            got = out.contents
+            if keep:
+                self.calls.append(dict(op="counts", native=native, config=config, counts=values(counts.contents),
+                                       num_local_experts=got.num_local_experts, stream=stream))
+            if self.counts_code == 0:
+                got.num_recv_tokens = self.num_recv
+                got.own_rows_begin, got.num_own_rows = self.own_rows
+                n = got.num_local_experts
+                if n not in per_expert:
+                    per_expert[n] = (ctypes.c_int * n)(*range(1, n + 1))
+                ctypes.memmove(got.per_expert, per_expert[n], ctypes.sizeof(per_expert[n]))
+            return self.counts_code
+
+        def data(native, config, args, stream):
+            self.count += 1
+            if keep:
+                self.calls.append(dict(op="data", native=native, config=config, args=values(args.contents),
+                                       out=values(args.contents.out), stream=stream))
+            return self.code
 
         def dispatch(native, config, counts, args, stream):
             self.count += 1
@@ -90,8 +128,12 @@ class Recorder:
                                        stream=stream))
             return self.code
 
-        self.fns = ENTRY_FN(dispatch), COMBINE_FN(combine)
-        self.entry = Entry(**sizes(), dispatch_known_rows=self.fns[0], combine=self.fns[1])
+        self.fns = ENTRY_FN(dispatch), COMBINE_FN(combine), COUNTS_FN(counts), DATA_FN(data)
+        self.entry = Entry(**sizes(), **self.functions())
+
+    def functions(self):
+        return dict(dispatch_known_rows=self.fns[0], combine=self.fns[1], dispatch_counts=self.fns[2],
+                    dispatch=self.fns[3])
 
 
 def install(module, recorder):

@@ -57,9 +57,8 @@ def test_the_build_has_the_entry_of_its_own_c_module():
 
 
 def test_an_entry_of_another_build_or_name_is_refused(recorder):
-    for field in ("entry_size", "args_size", "counts_size", "combine_size"):
-        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), dispatch_known_rows=recorder.fns[0],
-                      combine=recorder.fns[1])
+    for field in ("entry_size", "args_size", "counts_size", "combine_size", "waited_size"):
+        other = Entry(**sizes(**{field: getattr(recorder.entry, field) + 8}), **recorder.functions())
         made, _ = capsule(other)
         with pytest.raises(ImportError, match="different builds"):
             MODULE.set_intranode_entry(made)
@@ -109,6 +108,73 @@ def test_the_common_call_hands_the_entry_what_it_returns(recorder, fp8):
                   [recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix])
 
 
+class WaitedCall(Call):
+    """A common call without num_worst_tokens: it waits for its counts."""
+
+    def __init__(self, fp8=False):
+        super().__init__(fp8)
+        del self.args["num_worst_tokens"]
+
+    def __call__(self, **changes):
+        return MODULE.dispatch_waited(*dict(self.args, **changes).values())
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("num_recv", [5, 0])
+def test_the_waited_call_hands_the_entry_what_it_returns(recorder, fp8, num_recv):
+    recorder.num_recv, recorder.own_rows = num_recv, (3, 1)
+    call = WaitedCall(fp8)
+    a = call.args
+    outputs, per_expert, own_begin, num_own = call(expert_alignment=2)
+    recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = outputs
+    assert [c["op"] for c in recorder.calls] == ["counts", "data"]
+    counts_call, data_call = recorder.calls
+    for got in recorder.calls:
+        assert got["native"] is a["native"] and got["config"] is a["config"] and got["stream"] == STREAM
+    counts, args, outs = counts_call["counts"], data_call["args"], data_call["out"]
+    assert counts_call["num_local_experts"] == E // R and per_expert == list(range(1, E // R + 1))
+    assert (own_begin, num_own) == (3, 1)
+    assert counts["num_worst_tokens"] == 0 and counts["expert_alignment"] == 2
+    assert (counts["num_tokens"], counts["num_topk"], counts["num_experts"]) == (T, K, E)
+    assert counts["num_tokens_per_expert"] == a["num_tokens_per_expert"].data_ptr()
+    assert counts["topk_idx"] == args["topk_idx"] == a["topk_idx"].data_ptr()
+    assert counts["is_token_in_rank"] == args["is_token_in_rank"] == a["is_token_in_rank"].data_ptr()
+    assert counts["rank_prefix_matrix"] == args["rank_prefix_matrix"] == prefix.data_ptr()
+    assert tuple(prefix.shape) == (R, R) and prefix.dtype == torch.int32
+    data, scales = a["x"] if fp8 else (a["x"], None)
+    assert recv_x.dtype == data.dtype and tuple(recv_x.shape) == (num_recv, H)
+    assert (args["num_recv_rows"], args["num_worst_tokens"], args["num_topk"], args["num_experts"]) == (
+        num_recv, 0, K, E)
+    assert args["x"] == data.data_ptr() and args["row_bytes"] == H * data.element_size()
+    if fp8:
+        assert tuple(recv_scales.shape) == (num_recv, scales.shape[1]) and recv_scales.dtype == scales.dtype
+        assert args["x_scales"] == scales.data_ptr() and (outs["recv_x_scales"] or 0) == recv_scales.data_ptr()
+        assert (args["scale_stride_token"], args["scale_stride_group"]) == scales.stride()
+    else:
+        assert recv_scales is None and args["x_scales"] is None and outs["recv_x_scales"] is None
+    assert tuple(recv_topk_idx.shape) == tuple(recv_topk_weights.shape) == (num_recv, K)
+    assert tuple(source_num_tokens.shape) == (R,) and tuple(recv_src_idx.shape) == (num_recv,)
+    for name, t in (("recv_x", recv_x), ("recv_topk_idx", recv_topk_idx), ("recv_topk_weights", recv_topk_weights),
+                    ("recv_src_idx", recv_src_idx), ("source_num_tokens", source_num_tokens)):
+        assert (outs[name] or 0) == t.data_ptr(), name  # ctypes gives None for 0
+    if num_recv:
+        assert_packed([recv_x] + ([recv_scales] if fp8 else []),
+                      [recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx])
+
+
+def test_a_waited_call_the_entry_does_not_take_gives_none_and_moves_nothing(recorder):
+    recorder.counts_code = 1
+    assert WaitedCall()() is None
+    assert [c["op"] for c in recorder.calls] == ["counts"]
+
+
+def test_a_data_step_refused_after_its_counts_step_is_an_error(recorder):
+    recorder.code = 1
+    with pytest.raises(RuntimeError, match="dispatch_waited: the data step's entry did not take the buffer"):
+        WaitedCall()()
+    assert [c["op"] for c in recorder.calls] == ["counts", "data"]
+
+
 def not_contiguous(t):
     return t.t().contiguous().t() if t.dim() == 2 else t.repeat(2)[::2]
 
@@ -150,6 +216,9 @@ DECLINED_FP8 = {
 
 CASES = [(name, Call, {}, change) for name, change in DECLINED.items()]
 CASES += [(name, Call, dict(fp8=True), change) for name, change in DECLINED_FP8.items()]
+CASES += [(f"{name}, waited", WaitedCall, {}, change) for name, change in DECLINED.items()
+          if "num_worst_tokens" not in name]
+CASES += [(f"{name}, waited", WaitedCall, dict(fp8=True), change) for name, change in DECLINED_FP8.items()]
 
 
 @pytest.mark.parametrize("name, make, kwargs, change", CASES, ids=[case[0] for case in CASES])
@@ -166,7 +235,7 @@ def test_an_entry_that_does_not_take_the_buffer_gives_none(recorder):
 
 def test_the_c_entry_does_not_take_what_is_not_its_buffer():
     MODULE.set_intranode_entry(_C.Buffer.intranode_entry)
-    assert Call()() is None
+    assert Call()() is None and WaitedCall()() is None
 
 
 class PythonPath(Exception):
@@ -208,20 +277,26 @@ def test_the_op_takes_the_path_only_where_it_may(recorder, request, monkeypatch)
     assert got["args"]["rank_prefix_matrix"] == prefix.data_ptr() and in_rank is inputs.in_rank
     assert got["out"]["source_num_tokens"] == source_num_tokens.data_ptr()
     assert got["out"]["recv_src_idx"] == src_idx.data_ptr() and event.event is None
+    # Waiting for the counts: the counts step, then the data step, each through the entry.
+    recv_x, _, _, per_expert, handle, _ = inputs.dispatch(buf)
+    assert [c["op"] for c in recorder.calls] == ["dispatch", "counts", "data"] and len(native.calls) == before
+    assert recorder.calls[2]["out"]["recv_x"] == recv_x.data_ptr() and recv_x.shape[0] == recorder.num_recv
+    assert per_expert == list(range(1, E // R + 1)) and handle._own_rows == recorder.own_rows
     # Not the common case: the Python path, and the entry is not called.
-    inputs.dispatch(buf, num_worst_tokens=0)
     buf.dispatch(inputs.x, handle=handle)
     streams_now[0] += 1  # another stream than the buffer's last: it must follow first
     inputs.dispatch(buf, num_worst_tokens=W)
-    assert len(recorder.calls) == 1 and buf._context.tail == streams_now[0]
+    assert len(recorder.calls) == 3 and buf._context.tail == streams_now[0]
     # A bad argument still raises naming it, from the Python path.
-    with pytest.raises(TypeError, match="topk_weights"):
-        inputs.dispatch(buf, num_worst_tokens=W, topk_weights=inputs.weights.double())
-    assert len(recorder.calls) == 1
+    for worst in (W, 0):
+        with pytest.raises(TypeError, match="topk_weights"):
+            inputs.dispatch(buf, num_worst_tokens=worst, topk_weights=inputs.weights.double())
+    assert len(recorder.calls) == 3
 
-    assert_events_take_the_python_path(monkeypatch, lambda **changes: inputs.dispatch(buf, num_worst_tokens=W,
-                                                                                      **changes))
-    assert len(recorder.calls) == 1
+    for worst in (W, 0):
+        assert_events_take_the_python_path(monkeypatch, lambda **changes: inputs.dispatch(buf, num_worst_tokens=worst,
+                                                                                          **changes))
+    assert len(recorder.calls) == 3
 
 
 N = 7  # rows a dispatch received

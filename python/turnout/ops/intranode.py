@@ -31,6 +31,7 @@ _FP8 = torch.float8_e4m3fn
 _empty = op_outputs.empty
 _empty_packed = op_outputs.empty_packed
 _dispatch_worst = None if _torch_ext is None else _torch_ext.dispatch_worst
+_dispatch_waited = None if _torch_ext is None else _torch_ext.dispatch_waited
 _combine_plain = None if _torch_ext is None else _torch_ext.combine_plain
 _CODES = op_outputs.CODES
 _BF16_CODE, _I32_CODE, _I64_CODE, _F32_CODE = op_outputs.BF16, op_outputs.I32, op_outputs.I64, op_outputs.F32
@@ -120,21 +121,32 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     receive rows are known before (cached, or num_worst_tokens) both steps
     are one native call."""
     index, num_ranks = context.device_index, context.num_ranks
-    if (_dispatch_worst is not None and handle is None and type(num_worst_tokens) is int and num_worst_tokens > 0
+    if (_dispatch_worst is not None and handle is None and type(num_worst_tokens) is int and num_worst_tokens >= 0
             and previous_event is None and not async_finish and not allocate_on_comm_stream):
-        # The common case in one native call, where the caller's stream is the
-        # buffer's last already (no join to make first); it returns None for
-        # any call it does not take, before doing anything.
+        # The common cases in one call (with num_worst_tokens, or waiting for
+        # the counts), where the caller's stream is the buffer's last already
+        # (no join to make first); each returns None for any call it does not
+        # take, before doing anything.
         stream = op_streams.current_raw_stream(index)
         native = context.native
         if context.tail == stream and not native.destroyed:
-            out = _dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-                                  topk_idx, topk_weights, expert_alignment, num_worst_tokens, num_ranks, index, stream)
+            per_expert, own_rows = [], (-1, 0)
+            if num_worst_tokens:
+                out = _dispatch_worst(native, config, x, num_tokens_per_rank, is_token_in_rank,
+                                      num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
+                                      num_worst_tokens, num_ranks, index, stream)
+            else:
+                out = _dispatch_waited(native, config, x, num_tokens_per_rank, is_token_in_rank,
+                                       num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_ranks,
+                                       index, stream)
+                if out is not None:
+                    out, per_expert, own_begin, num_own = out
+                    own_rows = (own_begin, num_own)
             if out is not None:
                 recv_x, recv_scales, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = out
                 return (recv_x if recv_scales is None else (recv_x, recv_scales), recv_topk_idx, recv_topk_weights,
-                        [], new_handle(context, prefix, source_num_tokens, recv_src_idx, is_token_in_rank),
-                        EventOverlap())
+                        per_expert, new_handle(context, prefix, source_num_tokens, recv_src_idx, is_token_in_rank,
+                                               own_rows), EventOverlap())
     op = "dispatch"
     # The common cases: BF16 x or FP8 x with its scales, and a fresh dispatch
     # with top-k from this buffer's layout, or a cached one from this buffer's handle.
