@@ -199,6 +199,23 @@ DispatchArgs data_args(const FreshDispatch& d, const ReceiveOutputs& o, int rows
   return a;
 }
 
+// A dispatch call's last three arguments.
+struct CallScalars {
+  long num_ranks = 0;
+  long index = 0;  // the buffer's device
+  uintptr_t stream = 0;
+};
+
+// The call has its `wanted` arguments, ending with num_ranks, device_index
+// and stream (then in `c`), and the entry is set; else the Python error says why not.
+bool begin_dispatch_call(const char* name, PyObject* const* args, Py_ssize_t nargs, Py_ssize_t wanted, CallScalars& c) {
+  if (!ready_to_call(name, nargs, wanted)) return false;
+  c.num_ranks = PyLong_AsLong(args[wanted - 3]);
+  c.index = PyLong_AsLong(args[wanted - 2]);
+  c.stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[wanted - 1]));
+  return PyErr_Occurred() == nullptr;
+}
+
 std::vector<at::Tensor> tensors_of(ReceiveOutputs&& o) {
   return {std::move(o.recv_x),
           std::move(o.recv_scales),
@@ -218,18 +235,15 @@ std::vector<at::Tensor> tensors_of(ReceiveOutputs&& o) {
 // path takes.
 PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!ready_to_call("dispatch_worst", nargs, 13)) return nullptr;
-  const long num_ranks = PyLong_AsLong(args[10]);
-  const long index = PyLong_AsLong(args[11]);
-  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[12]));
-  if (PyErr_Occurred()) return nullptr;
+  CallScalars c;
+  if (!begin_dispatch_call("dispatch_worst", args, nargs, 13, c)) return nullptr;
   int num_worst = 0;
   FreshDispatch d;
-  if (!int_at_least(args[9], 1, &num_worst) || !take_fresh_dispatch(args, num_ranks, index, d)) Py_RETURN_NONE;
-  ReceiveOutputs o = make_receive_outputs(d, num_worst, num_ranks, at::Tensor());
+  if (!int_at_least(args[9], 1, &num_worst) || !take_fresh_dispatch(args, c.num_ranks, c.index, d)) Py_RETURN_NONE;
+  ReceiveOutputs o = make_receive_outputs(d, num_worst, c.num_ranks, at::Tensor());
   DispatchArgs a = data_args(d, o, num_worst, num_worst);
   DispatchCountsArgs counts = counts_args(d, o.prefix, num_worst);  // num_worst: the rows the outputs have
-  const int queued = g_entry->dispatch_known_rows(args[0], args[1], &counts, &a, stream);
+  const int queued = g_entry->dispatch_known_rows(args[0], args[1], &counts, &a, c.stream);
   if (queued < 0) return nullptr;
   if (queued > 0) Py_RETURN_NONE;
   return tuple_of(tensors_of(std::move(o)));
@@ -246,25 +260,23 @@ PyObject* dispatch_worst(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // takes.
 PyObject* dispatch_waited(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!ready_to_call("dispatch_waited", nargs, 12)) return nullptr;
-  const long num_ranks = PyLong_AsLong(args[9]);
-  const long index = PyLong_AsLong(args[10]);
-  const auto stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[11]));
-  if (PyErr_Occurred()) return nullptr;
+  CallScalars c;
+  if (!begin_dispatch_call("dispatch_waited", args, nargs, 12, c)) return nullptr;
   FreshDispatch d;
-  if (!take_fresh_dispatch(args, num_ranks, index, d)) Py_RETURN_NONE;
-  at::Tensor prefix = at::empty({num_ranks, num_ranks}, at::TensorOptions().device(d.data->device()).dtype(at::kInt));
+  if (!take_fresh_dispatch(args, c.num_ranks, c.index, d)) Py_RETURN_NONE;
+  at::Tensor prefix =
+      at::empty({c.num_ranks, c.num_ranks}, at::TensorOptions().device(d.data->device()).dtype(at::kInt));
   DispatchCountsArgs counts = counts_args(d, prefix, 0);
-  std::vector<int> per_expert(static_cast<size_t>(d.num_experts / num_ranks));
+  std::vector<int> per_expert(static_cast<size_t>(d.num_experts / c.num_ranks));
   bindings::WaitedCounts got{-1, -1, 0, static_cast<int>(per_expert.size()), per_expert.data()};
-  const int counted = g_entry->dispatch_counts(args[0], args[1], &counts, &got, stream);
+  const int counted = g_entry->dispatch_counts(args[0], args[1], &counts, &got, c.stream);
   if (counted < 0) return nullptr;
   if (counted > 0) Py_RETURN_NONE;
-  ReceiveOutputs o = make_receive_outputs(d, got.num_recv_tokens, num_ranks, std::move(prefix));
+  ReceiveOutputs o = make_receive_outputs(d, got.num_recv_tokens, c.num_ranks, std::move(prefix));
   DispatchArgs a = data_args(d, o, got.num_recv_tokens, 0);
   // The counts step has run: the data step must follow it, so a buffer it
   // does not take is an error here, not a call to decline.
-  const int queued = g_entry->dispatch(args[0], args[1], &a, stream);
+  const int queued = g_entry->dispatch(args[0], args[1], &a, c.stream);
   if (queued < 0) return nullptr;
   if (queued > 0) {
     PyErr_SetString(PyExc_RuntimeError, "dispatch_waited: the data step's entry did not take the buffer");
