@@ -10,14 +10,7 @@
 namespace turnout::intranode {
 namespace {
 
-// Copies (copy engine: several times an SM's local rate) this rank's rows and
-// their weights into the call's stage where they fit; returns the stage, or
-// at < 0 for the rings. The parity advances on what every rank shares; the
-// check step pulls only where every rank staged in the same stage. Not in
-// shrink mode (a rank that dies mid-call must not leave the others reading
-// its stage), nor in a CUDA graph: a graph's replays would all copy into the
-// stage it captured, over the rows a slower rank may still be pulling.
-// TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
+// Rows [begin, begin + count) of x.
 struct Rows {
   int64_t begin = 0, count = 0;
 };
@@ -35,6 +28,14 @@ void copy_rows(char* to, const void* from, int64_t begin, int64_t end, int row_b
                                      (end - begin) * row_bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
+// Copies (copy engine: several times an SM's local rate) this rank's rows and
+// their weights into the call's stage where they fit; returns the stage, or
+// at < 0 for the rings. The parity advances on what every rank shares; the
+// check step pulls only where every rank staged in the same stage. Not in
+// shrink mode (a rank that dies mid-call must not leave the others reading
+// its stage), nor in a CUDA graph: a graph's replays would all copy into the
+// stage it captured, over the rows a slower rank may still be pulling.
+// TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
 kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
                                    cudaStream_t stream) {
   static const bool allowed = switched_on("TURNOUT_COMBINE_STAGES");
