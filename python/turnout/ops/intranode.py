@@ -119,7 +119,8 @@ def dispatch(context: OpContext, x, handle, num_tokens_per_rank, is_token_in_ran
     given) takes the receive layout from the handle; a fresh one exchanges
     the counts first and, without num_worst_tokens, waits for them. When the
     receive rows are known before (cached, or num_worst_tokens) both steps
-    are one native call."""
+    are one native call; the common fresh call that waits runs both from one
+    call into turnout._torch_ext."""
     index, num_ranks = context.device_index, context.num_ranks
     if (_dispatch_worst is not None and handle is None and type(num_worst_tokens) is int and num_worst_tokens >= 0
             and previous_event is None and not async_finish and not allocate_on_comm_stream):
