@@ -11,6 +11,9 @@
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
 #   BASELINE=DIR           also bench an earlier tree (a copy of it in DIR, e.g. from
 #                          `git archive REV`) with this tree's bench, in the same run
+#   RINGS=1                also bench this tree with every intranode op on its rings
+#                          (TURNOUT_COMBINE_STAGES=0 TURNOUT_DISPATCH_LANDING=0), before and
+#                          after the default bench, into bench-rings-{1,2}.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-build/out}"
@@ -81,18 +84,28 @@ if [ "$bench_args" != none ] && [ -n "${BASELINE:-}" ]; then
       > "$out/bench-baseline.log" 2>&1
   baseline_status=$?
 fi
+rings_status=skipped
+rings_bench() {
+  (cd /tmp && TURNOUT_COMBINE_STAGES=0 TURNOUT_DISPATCH_LANDING=0 python3 -m turnout.bench $bench_args \
+    --json "$out/bench-rings-$1.json") > "$out/bench-rings-$1.log" 2>&1
+  rings_status="$rings_status $?"
+}
+[ "$bench_args" != none ] && [ -n "${RINGS:-}" ] && { rings_status=exit; rings_bench 1; }
 if [ "$bench_args" != none ]; then
   (cd /tmp && python3 -m turnout.bench $bench_args --json "$out/bench.json") > "$out/bench.log" 2>&1
   bench_status=$?
 fi
+[ "$bench_args" != none ] && [ -n "${RINGS:-}" ] && rings_bench 2
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
 for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
 for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log" 2>/dev/null; done
 [ -f "$out/bench-baseline.log" ] && { echo "== bench-baseline.log (tail)"; tail -n 40 "$out/bench-baseline.log"; }
+for f in "$out"/bench-rings-*.log; do [ -f "$f" ] && { echo "== $(basename "$f") (tail)"; tail -n 40 "$f"; }; done
 [ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"
 cat "$out/gpus.txt"
 grep -E "tests passed|passed, .* failed|[0-9]+ passed|FAIL |GPU suite:" "$out/test.log" | tail -n 8
 for line in "${suite_lines[@]}"; do echo "$line"; done
-echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status; baseline bench: exit $baseline_status"
+echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status; baseline bench: exit $baseline_status;" \
+  "rings bench: $rings_status"
