@@ -21,13 +21,6 @@ Rows own_rows(const CombineArgs& a) {
   return {a.own_rows_begin, a.num_own_rows};
 }
 
-// Rows [begin, end) of `from` to the same rows of `to` (copy engine).
-void copy_rows(char* to, const void* from, int64_t begin, int64_t end, int row_bytes, cudaStream_t stream) {
-  if (end <= begin) return;
-  TURNOUT_CUDA_CHECK(cudaMemcpyAsync(to + begin * row_bytes, static_cast<const char*>(from) + begin * row_bytes,
-                                     (end - begin) * row_bytes, cudaMemcpyDeviceToDevice, stream));
-}
-
 // Copies (copy engine: several times an SM's local rate) this rank's rows and
 // their weights into the call's stage where they fit; returns the stage, or
 // at < 0 for the rings. The parity advances on what every rank shares; the
@@ -53,8 +46,7 @@ kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const
   const int64_t rows = a.num_rows;
   // The rows from this rank itself stay out: the reducers read them from x.
   const Rows own = own_rows(a);
-  copy_rows(dst + stage.rows, a.x, 0, own.begin, row_bytes, stream);
-  copy_rows(dst + stage.rows, a.x, own.begin + own.count, rows, row_bytes, stream);
+  copy_rows_around(dst + stage.rows, a.x, rows, own.begin, own.count, row_bytes, stream);
   if (rows > 0 && a.num_topk > 0)
     TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst, a.topk_weights, rows * a.num_topk * 4, cudaMemcpyDeviceToDevice, stream));
   return stage;

@@ -1,6 +1,5 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
-#include <algorithm>
 #include <string>
 
 #include "kernels/intranode/launch.hpp"
@@ -36,16 +35,6 @@ kernels::DispatchLanding landing_for(const BufferCore& core, const BufferCore::C
                                    a.num_scales, a.num_topk);
 }
 
-// Rows [begin, end) of the landing area into recv_x (copy engine).
-void copy_out(BufferCore& core, const DispatchArgs& a, const kernels::DispatchLanding& landing, int64_t begin,
-              int64_t end, cudaStream_t stream) {
-  if (end <= begin) return;
-  const int64_t at = begin * a.row_bytes;
-  TURNOUT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(a.out.recv_x) + at,
-                                     static_cast<char*>(core.local_nvl_buffer()) + landing.x + at,
-                                     (end - begin) * a.row_bytes, cudaMemcpyDeviceToDevice, stream));
-}
-
 }  // namespace
 
 void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
@@ -61,11 +50,9 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   } else {
     kernels::launch_intranode_landing_dispatch(data, stream);
     // The rank's rows from itself went straight into recv_x.
-    if (a.out.recv_x != nullptr) {
-      const int64_t n = a.num_recv_rows;
-      copy_out(core, a, data.landing, 0, std::min<int64_t>(rows.own_begin, n), stream);
-      copy_out(core, a, data.landing, std::min<int64_t>(rows.own_begin + rows.own, n), n, stream);
-    }
+    if (a.out.recv_x != nullptr)
+      copy_rows_around(a.out.recv_x, static_cast<char*>(core.local_nvl_buffer()) + data.landing.x, a.num_recv_rows,
+                       rows.own_begin, rows.own, a.row_bytes, stream);
   }
   core.check_errors(op);
 }

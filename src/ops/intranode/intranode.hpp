@@ -61,6 +61,12 @@ inline bool switched_on(const char* name) {
 // earlier calls are raised only after the launches (see turnout/buffer.hpp).
 BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tokens, int recv_tokens);
 
+// Rows [0, rows) of `from` into the same rows of `to` by the copy engine,
+// all but rows [skip_begin, skip_begin + skip) (clamped to them): a rank's
+// rows from itself, which the kernels move on their own.
+void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
+                      cudaStream_t stream);
+
 // Step 1 of a dispatch: exchange the counts; unless num_worst_tokens > 0,
 // wait for them on the host (see turnout::Buffer::dispatch_counts).
 DispatchCounts dispatch_counts(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& args,
