@@ -128,6 +128,28 @@ def test_combine_stage_leaves_out_only_the_rows_from_itself(ctx):
             check_combine(back, reference_combine(case, n, refs, me), case, f"{what}, own rows misplaced")
 
 
+def test_combine_stage_weights_at_any_address(ctx):
+    """The check step copies combine's top-k weights into the stage in fours
+    where their address allows (the other tests), else one by one: weights
+    four bytes past a 16-byte boundary, doubled so that none the copy missed
+    could pass for the stage's earlier ones, sum to twice the reference's, from
+    both stages."""
+    case = Case("uniform", 127, 2048, 6, 64, biases=1)
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n) + stage_room(case.tokens, case.hidden, n)) as buf:
+            what = f"n={n} {case}"
+            _, refs, out = round_trip(ctx, buf, case, n, what)
+            weights = out[2]
+            shifted = torch.empty(weights.numel() + 1, dtype=weights.dtype, device=weights.device)[1:]
+            shifted = shifted.view(weights.shape).copy_(weights * 2)
+            assert shifted.data_ptr() % 16 == 4, f"{what}: weights at {shifted.data_ptr() % 16} past 16 bytes"
+            x, biases = combine_inputs(case, n, ctx.rank, weights.shape[0])
+            ref_x, ref_w = reference_combine(case, n, refs, ctx.rank)
+            for stage in range(2):
+                back = buf.combine(x.to(ctx.device), out[4], topk_weights=shifted, bias=biases[0].to(ctx.device))
+                check_combine(back, (ref_x, 2 * ref_w), case, f"{what}, doubled weights, stage {stage}")
+
+
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
     # Past 20 SMs combine sends a rank's rows for itself through a ring too.

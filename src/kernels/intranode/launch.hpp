@@ -51,6 +51,11 @@ struct HandleCheck {
   // The rows from itself the stage skipped, [begin, begin + rows) (begin -1: none).
   int skipped_begin;
   int skipped_rows;
+  // The top-k weights (num_stage_weights floats) the step copies into this
+  // rank's stage at stage_weights_at of its buffer; -1: none.
+  const float* stage_weights;
+  int64_t stage_weights_at;
+  int64_t num_stage_weights;
 };
 
 // Meets the peers, resets this rank's ring counters, and (with `counts`)

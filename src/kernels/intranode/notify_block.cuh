@@ -76,6 +76,35 @@ __device__ __forceinline__ int published_stage_tag(const NotifyParams& p) {
   return same ? h.stage_tag : 0;
 }
 
+// Combine's top-k weights into this rank's stage, by the whole block before
+// its first barrier (which publishes them): a copy enqueued on the host costs
+// as much host time as a launch, and these reads overlap the wait for the
+// slowest peer.
+template <int kThreads>
+__device__ __forceinline__ void copy_stage_weights(const HandleCheck& h, void* self) {
+  if (h.stage_weights_at < 0) return;
+  float* to = reinterpret_cast<float*>(static_cast<char*>(self) + h.stage_weights_at);
+  const float* from = h.stage_weights;
+  const int64_t n = h.num_stage_weights;
+  // The stage is 4096-aligned; the weights in fours where torch's 16-byte alignment holds.
+  const int64_t n4 = reinterpret_cast<uintptr_t>(from) % 16 == 0 ? n / 4 : 0;
+  constexpr int kInFlight = 8;
+  for (int64_t base = threadIdx.x; base < n4; base += kThreads * kInFlight) {
+    float4 v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t i = base + u * kThreads;
+      if (i < n4) v[u] = __ldg(reinterpret_cast<const float4*>(from) + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t i = base + u * kThreads;
+      if (i < n4) reinterpret_cast<float4*>(to)[i] = v[u];
+    }
+  }
+  for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += kThreads) to[i] = from[i];
+}
+
 template <int kThreads>
 __device__ __forceinline__ void notify_block(const NotifyParams& p) {
   __shared__ BadInput bad;
@@ -100,6 +129,7 @@ __device__ __forceinline__ void notify_block(const NotifyParams& p) {
     if (s_handle_misfit) bad.reason = static_cast<int>(OpKind::kCombine);
     s_stage_tag = p.exchange_counts || s_handle_misfit ? 0 : published_stage_tag(p);
   }
+  if (!p.exchange_counts) copy_stage_weights<kThreads>(p.handle, self);
   if (p.exchange_counts) {
     for (int i = threadIdx.x; i < (C + 1) * kMaxNvlRanks; i += kThreads) (&s_start[0][0])[i] = 0;
     __syncthreads();

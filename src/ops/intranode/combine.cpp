@@ -21,8 +21,9 @@ Rows own_rows(const CombineArgs& a) {
   return {a.own_rows_begin, a.num_own_rows};
 }
 
-// Copies (copy engine: several times an SM's local rate) this rank's rows and
-// their weights into the call's stage where they fit; returns the stage, or
+// Copies (copy engine: several times an SM's local rate) this rank's rows
+// into the call's stage where they fit (their weights follow in the check
+// step, notify_block.cuh); returns the stage, or
 // at < 0 for the rings. The parity advances on what every rank shares; the
 // check step pulls only where every rank staged in the same stage. Not in
 // shrink mode (a rank that dies mid-call must not leave the others reading
@@ -47,8 +48,6 @@ kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const
   // The rows from this rank itself stay out: the reducers read them from x.
   const Rows own = own_rows(a);
   copy_rows_around(dst + stage.rows, a.x, rows, own.begin, own.count, row_bytes, stream);
-  if (rows > 0 && a.num_topk > 0)
-    TURNOUT_CUDA_CHECK(cudaMemcpyAsync(dst, a.topk_weights, rows * a.num_topk * 4, cudaMemcpyDeviceToDevice, stream));
   return stage;
 }
 
@@ -66,13 +65,17 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const kernels::CombineStage stage = stage_inputs(core, a, plan.region, stream);
   const int stage_tag = stage.at < 0 ? 0 : 1 + stage.parity;
   const Rows skipped = stage.at < 0 ? Rows{-1, 0} : own_rows(a);
+  const bool stage_weights = stage.at >= 0 && a.num_rows > 0 && a.num_topk > 0;
   const kernels::HandleCheck handle{a.rank_prefix_matrix,
                                     a.source_num_tokens,
                                     a.num_rows,
                                     a.num_tokens,
                                     stage_tag,
                                     skipped.count > 0 ? static_cast<int>(skipped.begin) : -1,
-                                    static_cast<int>(skipped.count)};
+                                    static_cast<int>(skipped.count),
+                                    a.topk_weights,
+                                    stage_weights ? stage.at : -1,
+                                    stage_weights ? static_cast<int64_t>(a.num_rows) * a.num_topk : 0};
   const kernels::NotifyParams check{peers, plan.region, false, {}, handle, nullptr, 0, ctx};
   // With few channels the send blocks skip this rank's own rows (see kOwnRowsDirectMaxChannels).
   const bool own_rows_direct = plan.region.num_channels <= kernels::kOwnRowsDirectMaxChannels;
