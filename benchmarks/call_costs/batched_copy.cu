@@ -1,0 +1,71 @@
+// Three copies (a rank's rows around its own and its weights) as three
+// cudaMemcpyAsync calls against one cudaMemcpyBatchAsync: host time of the
+// enqueue and device time of the copies. Built with the tests (turnout_call_costs_batched_copy).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+#define CK(x)                                        \
+  do {                                               \
+    cudaError_t e = (x);                             \
+    if (e != cudaSuccess) {                          \
+      printf("%s: %s\n", #x, cudaGetErrorString(e)); \
+      return 1;                                      \
+    }                                                \
+  } while (0)
+int main() {
+  size_t rowb = 7168 * 2;
+  size_t rows = 16384;
+  size_t own0 = 4096, own = 4096;
+  char *src, *dst, *w, *wd;
+  CK(cudaMalloc(&src, rows * rowb));
+  CK(cudaMalloc(&dst, rows * rowb + 4096));
+  CK(cudaMalloc(&w, rows * 32));
+  CK(cudaMalloc(&wd, rows * 32));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  void* dsts[3] = {dst, dst + (own0 + own) * rowb, wd};
+  const void* srcs[3] = {src, src + (own0 + own) * rowb, w};
+  size_t sizes[3] = {own0 * rowb, (rows - own0 - own) * rowb, rows * 32};
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t idx = 0;
+  for (int mode = 0; mode < 4; ++mode)
+    for (int rep = 0; rep < 2; ++rep) {
+      std::vector<double> host;
+      float dev_total = 0;
+      for (int it = 0; it < 300; ++it) {
+        CK(cudaStreamSynchronize(s));
+        CK(cudaEventRecord(e0, s));
+        auto t0 = std::chrono::steady_clock::now();
+        if (mode == 0) {
+          for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, s));
+        } else if (mode == 1) {
+          CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
+        } else if (mode == 2) {
+          CK(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDeviceToDevice, s));
+        } else {
+          CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &idx, 1, s));
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (it >= 20) dev_total += ms;
+        if (it >= 20) host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+      std::sort(host.begin(), host.end());
+      const char* names[] = {"3 x cudaMemcpyAsync", "1 x cudaMemcpyBatchAsync(3)", "1 x cudaMemcpyAsync",
+                             "1 x cudaMemcpyBatchAsync(1)"};
+      printf("%-30s host us median %.2f p10 %.2f p90 %.2f | device us mean %.1f\n", names[mode], host[host.size() / 2],
+             host[host.size() / 10], host[host.size() * 9 / 10], dev_total * 1000 / 280);
+    }
+  return 0;
+}
