@@ -1,31 +1,19 @@
 // Three copies (a rank's rows around its own and its weights) as three
 // cudaMemcpyAsync calls against one cudaMemcpyBatchAsync: host time of the
 // enqueue and device time of the copies. Built with the tests (turnout_call_costs_batched_copy).
-#include <cuda_runtime.h>
+#include "call_timer.cuh"
 
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <vector>
-#define CK(x)                                        \
-  do {                                               \
-    cudaError_t e = (x);                             \
-    if (e != cudaSuccess) {                          \
-      printf("%s: %s\n", #x, cudaGetErrorString(e)); \
-      return 1;                                      \
-    }                                                \
-  } while (0)
 int main() {
   size_t rowb = 7168 * 2;
   size_t rows = 16384;
   size_t own0 = 4096, own = 4096;
   char *src, *dst, *w, *wd;
-  CK(cudaMalloc(&src, rows * rowb));
-  CK(cudaMalloc(&dst, rows * rowb + 4096));
-  CK(cudaMalloc(&w, rows * 32));
-  CK(cudaMalloc(&wd, rows * 32));
+  CHECK(cudaMalloc(&src, rows * rowb));
+  CHECK(cudaMalloc(&dst, rows * rowb + 4096));
+  CHECK(cudaMalloc(&w, rows * 32));
+  CHECK(cudaMalloc(&wd, rows * 32));
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -41,21 +29,21 @@ int main() {
       std::vector<double> host;
       float dev_total = 0;
       for (int it = 0; it < 300; ++it) {
-        CK(cudaStreamSynchronize(s));
-        CK(cudaEventRecord(e0, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaEventRecord(e0, s));
         auto t0 = std::chrono::steady_clock::now();
         if (mode == 0) {
-          for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, s));
+          for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToDevice, s));
         } else if (mode == 1) {
-          CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
+          CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
         } else if (mode == 2) {
-          CK(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDeviceToDevice, s));
+          CHECK(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyDeviceToDevice, s));
         } else {
-          CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &idx, 1, s));
+          CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &idx, 1, s));
         }
         auto t1 = std::chrono::steady_clock::now();
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
+        CHECK(cudaEventRecord(e1, s));
+        CHECK(cudaEventSynchronize(e1));
         float ms;
         cudaEventElapsedTime(&ms, e0, e1);
         if (it >= 20) dev_total += ms;

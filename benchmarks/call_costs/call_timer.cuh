@@ -1,0 +1,52 @@
+// What the call-cost programs share: a check that ends the program on a CUDA
+// error, a kernel that keeps a stream busy, and the host-side timing loop.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+// Runtime and driver calls alike: both return 0 on success.
+#define CHECK(x)                                                   \
+  do {                                                             \
+    const auto e = (x);                                            \
+    if (static_cast<int>(e) != 0) {                                \
+      std::printf("%s: CUDA error %d\n", #x, static_cast<int>(e)); \
+      std::exit(1);                                                \
+    }                                                              \
+  } while (0)
+
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+struct HostTimes {
+  double median, p10, p90;  // microseconds
+};
+
+// Host time of `call`, 400 calls each alone between two clock reads. Every
+// 20th call the stream drains first (that call is not counted) and, when
+// `busy`, gets a spin kernel of 2M cycles ahead of the next ones.
+inline HostTimes time_on_host(cudaStream_t stream, bool busy, const std::function<void()>& call) {
+  std::vector<double> host;
+  for (int it = 0; it < 400; ++it) {
+    if (it % 20 == 0) {
+      CHECK(cudaStreamSynchronize(stream));
+      if (busy) spin<<<1, 32, 0, stream>>>(2000000);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (it % 20 != 0) host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  CHECK(cudaStreamSynchronize(stream));
+  std::sort(host.begin(), host.end());
+  return {host[host.size() / 2], host[host.size() / 10], host[host.size() * 9 / 10]};
+}
