@@ -150,6 +150,28 @@ def test_combine_stage_weights_at_any_address(ctx):
                 check_combine(back, (ref_x, 2 * ref_w), case, f"{what}, doubled weights, stage {stage}")
 
 
+def test_worst_tokens_with_stages(ctx):
+    """An eager dispatch with num_worst_tokens (outputs of the worst rows; the
+    host knows neither the receive count nor where the rows from itself lie)
+    and its combine with top-k weights, on a buffer with room for the stages:
+    combine stages every row of x, padding included, three calls in turn
+    (both stages, then the first again), each against the reference."""
+    for n, g in ctx.each_group():
+        case = Case("skip_rank", 512, 4096, 8, 64, biases=1)
+        worst = case.tokens * n
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(case.hidden, n) + stage_room(case.tokens, case.hidden, n)) as buf:
+            for i in range(3):
+                it_case = Case("skip_rank", 512, 4096, 8, 64, biases=1, seed=i)
+                inputs = [inputs_of(it_case, n, r) for r in range(n)]
+                refs = reference_dispatch(it_case, n, inputs, only_rank=ctx.rank)
+                what = f"n={n} {it_case}, num_worst_tokens {worst}, call {i}"
+                out = dispatch(buf, it_case, inputs[ctx.rank], ctx.device, num_worst_tokens=worst)
+                check_dispatch(out, refs[ctx.rank], it_case, what, worst=worst)
+                assert out[4]._own_rows == (-1, 0), f"{what}: own rows {out[4]._own_rows}"
+                back = combine(buf, it_case, n, ctx.rank, out, ctx.device, worst=worst)
+                check_combine(back, reference_combine(it_case, n, refs, ctx.rank), it_case, what)
+
+
 def test_stream_options_and_cached_dispatch(ctx):
     case = Case("uniform", 2048, 4096, 8, 128, biases=2)
     # Past 20 SMs combine sends a rank's rows for itself through a ring too.
