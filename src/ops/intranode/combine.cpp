@@ -31,7 +31,7 @@ Rows own_rows(const CombineArgs& a) {
 // stage it captured, over the rows a slower rank may still be pulling.
 // TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
 kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
-                                   cudaStream_t stream) {
+                                   Rows own, cudaStream_t stream) {
   static const bool allowed = switched_on("TURNOUT_COMBINE_STAGES");
   if (!allowed || core.shrink_enabled()) return {};
   const int row_bytes = a.hidden * 2;
@@ -46,7 +46,6 @@ kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const
   char* dst = static_cast<char*>(core.local_nvl_buffer()) + stage.at;
   const int64_t rows = a.num_rows;
   // The rows from this rank itself stay out: the reducers read them from x.
-  const Rows own = own_rows(a);
   copy_rows_around(dst + stage.rows, a.x, rows, own.begin, own.count, row_bytes, stream);
   return stage;
 }
@@ -61,10 +60,12 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const kernels::Peers peers{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks};
   core.begin_call();
   const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
+  const Rows own = own_rows(a);
   // Before the check, whose barrier then orders every rank's copy before anyone pulls.
-  const kernels::CombineStage stage = stage_inputs(core, a, plan.region, stream);
+  const kernels::CombineStage stage = stage_inputs(core, a, plan.region, own, stream);
   const int stage_tag = stage.at < 0 ? 0 : 1 + stage.parity;
-  const Rows skipped = stage.at < 0 ? Rows{-1, 0} : own_rows(a);
+  // The check step sends every rank to the rings unless the range left out is the handle's own.
+  const Rows skipped = stage.at < 0 ? Rows{-1, 0} : own;
   const bool stage_weights = stage.at >= 0 && a.num_rows > 0 && a.num_topk > 0;
   const kernels::HandleCheck handle{a.rank_prefix_matrix,
                                     a.source_num_tokens,
