@@ -8,7 +8,7 @@ of each op, as DeepEP's own test reports its figures), and the host time of
 one call."""
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Collection, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -95,7 +95,7 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
     return rows
 
 
-def host_times(buffer: Buffer, iters: int) -> List[Dict]:
+def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = None) -> List[Dict]:
     """CPU time of one call, without the host's wait for the receive counts:
     dispatch with num_worst_tokens (no wait), dispatch without it (its wait,
     as the native layer timed it, taken off), and combine. Calls come in
@@ -108,7 +108,7 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
     their host time goes: the native call alone (its outputs made once, its
     arguments ready), the outputs alone (made and freed as the op does), and
     the two stream joins around an op alone (two native calls, each an event
-    record and a stream wait)."""
+    record and a stream wait). ``only`` names the calls to time (all by default)."""
     topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
     config = config_for(MAIN_SMS)
@@ -141,10 +141,13 @@ def host_times(buffer: Buffer, iters: int) -> List[Dict]:
              "dispatch bf16, outputs only": (outputs, False),
              "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
              "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False),
+             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[3], config=config), False),
              "combine bf16, native call only": (lambda: native.combine(*combine_args), False),
              "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False)}
     rows = []
     for op, (fn, waits) in calls.items():
+        if only is not None and op not in only:
+            continue
         first, warm = [], []
         for _ in range(max(1, iters // BURST)):
             torch.cuda.synchronize()
