@@ -141,7 +141,7 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
              "dispatch bf16, outputs only": (outputs, False),
              "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
              "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False),
-             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[3], config=config), False),
+             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[2], config=config), False),
              "combine bf16, native call only": (lambda: native.combine(*combine_args), False),
              "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False)}
     rows = []
