@@ -1,6 +1,8 @@
 // Host time of one device-to-device copy through each API (runtime and driver,
-// into cudaMalloc and VMM memory, a 2D copy) and of a copy kernel's launch, the
-// stream busy. Built with the tests (turnout_call_costs_copy_apis).
+// into cudaMalloc and VMM memory, a 2D copy) and of a copy kernel's launch
+// (runtime and driver), the stream busy; the list `argv[1]` times over (default
+// once), so that an entry's place in it can be told from its API. Built with
+// the tests (turnout_call_costs_copy_apis).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -10,7 +12,8 @@ __global__ void copy16(const int4* __restrict__ s, int4* __restrict__ d, size_t 
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     d[i] = s[i];
 }
-int main() {
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 1;
   size_t bytes = 64 << 20;
   char *src, *dst;
   CHECK(cudaMalloc(&src, bytes));
@@ -39,6 +42,12 @@ int main() {
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   size_t n = 4 << 20;
+  cudaFunction_t copy_fn;
+  CHECK(cudaGetFuncBySymbol(&copy_fn, reinterpret_cast<const void*>(copy16)));
+  const int4* copy_src = reinterpret_cast<const int4*>(src);
+  int4* copy_dst = reinterpret_cast<int4*>(dst);
+  size_t copy_n = 16;
+  void* copy_args[] = {&copy_src, &copy_dst, &copy_n};
   std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"cudaMemcpyAsync D2D", [&] { CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s)); }},
       {"cudaMemcpyAsync Default", [&] { CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s)); }},
@@ -49,10 +58,14 @@ int main() {
       {"cudaMemcpy2DAsync 2 rows",
        [&] { CHECK(cudaMemcpy2DAsync(dst, n, src, n, n / 2, 2, cudaMemcpyDeviceToDevice, s)); }},
       {"copy kernel launch", [&] { copy16<<<4, 256, 0, s>>>((const int4*)src, (int4*)dst, 16); }},
+      {"copy kernel cuLaunchKernel",
+       [&] { CHECK(cuLaunchKernel((CUfunction)copy_fn, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, copy_args, nullptr)); }},
   };
-  for (auto& [name, fn] : tests) {
-    const HostTimes t = time_on_host(s, true, fn);
-    printf("%-32s host us median %.2f p10 %.2f p90 %.2f\n", name, t.median, t.p10, t.p90);
+  for (int round = 0; round < rounds; ++round) {
+    for (auto& [name, fn] : tests) {
+      const HostTimes t = time_on_host(s, true, fn);
+      printf("%-32s host us median %.2f p10 %.2f p90 %.2f\n", name, t.median, t.p10, t.p90);
+    }
   }
   return 0;
 }
