@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "kernels/intranode/region.hpp"
 
 namespace turnout {
@@ -50,6 +52,32 @@ TEST(CombineStage, NoRoomMeansTheRings) {
   const CombineStage one = combine_stage(region.total, align_up(region.total, 4096) + 2 * 16384, 14336, 8, 1);
   EXPECT_EQ(one.fit_rows, 1);
   EXPECT_EQ(combine_stage(0, 0, 14336, 8, 0).fit_rows, 0);
+}
+
+TEST(CombineStage, GapLeavesOutTheOwnRowsUnlessFewAndInTheMiddle) {
+  using kernels::kOwnRowsCopiedBytes;
+  using kernels::stage_gap;
+  const int64_t row = 14336, n = 4000;
+  const int64_t few = kOwnRowsCopiedBytes / row, many = few + 1;
+  using Range = std::pair<int64_t, int64_t>;
+  auto gap = [](int64_t begin, int64_t count, int64_t rows, int64_t row_bytes) {
+    const kernels::StageGap g = stage_gap(begin, count, rows, row_bytes);
+    return Range{g.begin, g.count};
+  };
+  // At an end a rank's rows are one copy either way: its own always stay out.
+  EXPECT_EQ(gap(0, few, n, row), Range(0, few));
+  EXPECT_EQ(gap(n - few, few, n, row), Range(n - few, few));
+  EXPECT_EQ(gap(0, n, n, row), Range(0, n));
+  // In the middle: few go along (one copy), more than the bound stay out (two).
+  EXPECT_EQ(gap(100, few, n, row), Range(0, 0));
+  EXPECT_EQ(gap(100, many, n, row), Range(100, many));
+  EXPECT_EQ(gap(1, 1, 3, row), Range(0, 0));
+  EXPECT_EQ(gap(100, kOwnRowsCopiedBytes / 4096, n, 4096), Range(0, 0));  // the bound's bytes exactly
+  // The bound is of bytes: the same rows of a narrower hidden go along.
+  EXPECT_EQ(gap(100, many, n, row / 2), Range(0, 0));
+  // No own rows, or none known: nothing left out.
+  EXPECT_EQ(gap(100, 0, n, row), Range(0, 0));
+  EXPECT_EQ(gap(-1, 0, n, row), Range(0, 0));
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ from intranode_cases import (
 )
 
 HIDDEN_MAX = 7168
+# A middle rank's own rows of at most this many bytes go into its combine stage
+# with the others' (kOwnRowsCopiedBytes, kernels/intranode/combine_stage.hpp).
+OWN_ROWS_COPIED_BYTES = 2 << 20
 
 CASES = (
     Case("uniform", 4096, 7168, 8, 256, biases=1),
@@ -119,13 +122,34 @@ def test_combine_stage_leaves_out_only_the_rows_from_itself(ctx):
             prefix = handle[0].cpu()
             begin = int(prefix[me - 1, me]) if me else 0
             assert handle._own_rows == (begin, int(prefix[me, me]) - begin), f"{what}: {handle._own_rows}"
+            count = handle._own_rows[1]
+            if 0 < begin and begin + count < out[0].shape[0]:
+                assert count * case.hidden * 2 > OWN_ROWS_COPIED_BYTES, f"{what}: {count} own rows go into the stage"
             zeros = torch.zeros_like(out[0])
             for _ in range(2):  # both stages
                 buf.combine(zeros, handle, topk_weights=out[2])
-            count = handle._own_rows[1]
             handle._own_rows = (begin - 1, count) if begin else (1, count)
             back = combine(buf, case, n, me, out, ctx.device)
             check_combine(back, reference_combine(case, n, refs, me), case, f"{what}, own rows misplaced")
+
+
+def test_combine_stage_takes_few_own_rows_along(ctx):
+    """A rank whose rows from itself lie between other ranks' rows and are few
+    copies them into its stage with the rest, in one copy: the sums match the
+    reference from both stages, each of which held zeros before."""
+    case = Case("uniform", 64, 2048, 8, 64, biases=1)
+    for n, g in ctx.each_group():
+        with ctx.buffer(g, num_nvl_bytes=nvl_bytes(HIDDEN_MAX, n) + stage_room(case.tokens, case.hidden, n)) as buf:
+            what = f"n={n} {case}"
+            _, refs, out = round_trip(ctx, buf, case, n, what)
+            count = out[4]._own_rows[1]
+            assert count * case.hidden * 2 <= OWN_ROWS_COPIED_BYTES, f"{what}: {count} own rows"
+            zeros = torch.zeros_like(out[0])
+            for _ in range(2):
+                buf.combine(zeros, out[4], topk_weights=out[2])
+            for stage in range(2):
+                back = combine(buf, case, n, ctx.rank, out, ctx.device)
+                check_combine(back, reference_combine(case, n, refs, ctx.rank), case, f"{what}, stage {stage}")
 
 
 def test_combine_stage_weights_at_any_address(ctx):

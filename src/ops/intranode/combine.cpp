@@ -10,15 +10,11 @@
 namespace turnout::intranode {
 namespace {
 
-// Rows [begin, begin + count) of x.
-struct Rows {
-  int64_t begin = 0, count = 0;
-};
-
-// The caller's range of x's rows from this rank itself, where it lies within x.
-Rows own_rows(const CombineArgs& a) {
+// The rows of x the stage copy leaves out: the caller's range of the rows from
+// this rank itself, where it lies within x, unless the copy takes them along.
+kernels::StageGap stage_gap(const CombineArgs& a) {
   if (a.own_rows_begin < 0 || a.num_own_rows <= 0 || a.own_rows_begin > a.num_rows - a.num_own_rows) return {};
-  return {a.own_rows_begin, a.num_own_rows};
+  return kernels::stage_gap(a.own_rows_begin, a.num_own_rows, a.num_rows, static_cast<int64_t>(a.hidden) * 2);
 }
 
 // Copies (copy engine: several times an SM's local rate) this rank's rows
@@ -31,7 +27,7 @@ Rows own_rows(const CombineArgs& a) {
 // stage it captured, over the rows a slower rank may still be pulling.
 // TURNOUT_COMBINE_STAGES=0 keeps every combine on the rings.
 kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const kernels::IntranodeRegion& region,
-                                   Rows own, cudaStream_t stream) {
+                                   kernels::StageGap gap, cudaStream_t stream) {
   static const bool allowed = switched_on("TURNOUT_COMBINE_STAGES");
   if (!allowed || core.shrink_enabled()) return {};
   const int row_bytes = a.hidden * 2;
@@ -45,8 +41,7 @@ kernels::CombineStage stage_inputs(BufferCore& core, const CombineArgs& a, const
   if (a.num_rows > stage.fit_rows) return {};
   char* dst = static_cast<char*>(core.local_nvl_buffer()) + stage.at;
   const int64_t rows = a.num_rows;
-  // The rows from this rank itself stay out: the reducers read them from x.
-  copy_rows_around(dst + stage.rows, a.x, rows, own.begin, own.count, row_bytes, stream);
+  copy_rows_around(dst + stage.rows, a.x, rows, gap.begin, gap.count, row_bytes, stream);
   return stage;
 }
 
@@ -60,12 +55,12 @@ void combine(BufferCore& core, const CombineArgs& a, cudaStream_t stream) {
   const kernels::Peers peers{core.nvl().device_table(), core.peer_nvl_table(), t.rank, t.num_ranks};
   core.begin_call();
   const kernels::WaitContext ctx = core.wait_context(OpKind::kCombine, true);
-  const Rows own = own_rows(a);
+  const kernels::StageGap gap = stage_gap(a);
   // Before the check, whose barrier then orders every rank's copy before anyone pulls.
-  const kernels::CombineStage stage = stage_inputs(core, a, plan.region, own, stream);
+  const kernels::CombineStage stage = stage_inputs(core, a, plan.region, gap, stream);
   const int stage_tag = stage.at < 0 ? 0 : 1 + stage.parity;
   // The check step sends every rank to the rings unless the range left out is the handle's own.
-  const Rows skipped = stage.at < 0 ? Rows{-1, 0} : own;
+  const kernels::StageGap skipped = stage.at < 0 ? kernels::StageGap{-1, 0} : gap;
   const bool stage_weights = stage.at >= 0 && a.num_rows > 0 && a.num_topk > 0;
   const kernels::HandleCheck handle{a.rank_prefix_matrix,
                                     a.source_num_tokens,
