@@ -95,7 +95,8 @@ def measure_point(buffer: Buffer, num_tokens: int, num_sms: int, iters: int, war
     return rows
 
 
-def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = None) -> List[Dict]:
+def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = None,
+               tokens: int = MAIN_TOKENS) -> List[Dict]:
     """CPU time of one call, without the host's wait for the receive counts:
     dispatch with num_worst_tokens (no wait), dispatch without it (its wait,
     as the native layer timed it, taken off), and combine. Calls come in
@@ -108,12 +109,13 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
     their host time goes: the native call alone (its outputs made once, its
     arguments ready), the outputs alone (made and freed as the op does), and
     the two stream joins around an op alone (two native calls, each an event
-    record and a stream wait). ``only`` names the calls to time (all by default)."""
-    topk_idx, topk_weights, x, _ = inputs(MAIN_TOKENS)
+    record and a stream wait). ``only`` names the calls to time (all by default),
+    ``tokens`` the tokens of each rank."""
+    topk_idx, topk_weights, x, _ = inputs(tokens)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, NUM_EXPERTS)
     config = config_for(MAIN_SMS)
     num_ranks = buffer.group_size
-    worst = MAIN_TOKENS * num_ranks
+    worst = tokens * num_ranks
     layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx, topk_weights=topk_weights, config=config)
     out = buffer.dispatch(x, **layout)
@@ -125,14 +127,14 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
 
     # The native calls as the ops make them (python/turnout/ops/intranode.py), into outputs made once.
     recv_x, _, recv_topk_idx, recv_topk_weights, source_num_tokens, recv_src_idx, prefix = outputs()
-    dispatch_args = (x.data_ptr(), MAIN_TOKENS, HIDDEN * 2, 0, 0, 0, 0, topk_idx.data_ptr(), topk_weights.data_ptr(),
+    dispatch_args = (x.data_ptr(), tokens, HIDDEN * 2, 0, 0, 0, 0, topk_idx.data_ptr(), topk_weights.data_ptr(),
                      NUM_TOPK, NUM_EXPERTS, per_expert.data_ptr(), 1, in_rank.data_ptr(), prefix.data_ptr(), worst,
                      worst, config, recv_x.data_ptr(), 0, recv_topk_idx.data_ptr(), recv_topk_weights.data_ptr(),
                      recv_src_idx.data_ptr(), source_num_tokens.data_ptr(), caller, None, None)
     handle = out[4]
-    combined_x = out[0].new_empty(MAIN_TOKENS, HIDDEN)
+    combined_x = out[0].new_empty(tokens, HIDDEN)
     combine_args = (out[0].data_ptr(), out[0].shape[0], HIDDEN, 0, 0, 0, 0, handle[0].data_ptr(), handle[1].data_ptr(),
-                    handle[3].data_ptr(), handle[4].data_ptr(), MAIN_TOKENS, config, combined_x.data_ptr(), 0,
+                    handle[3].data_ptr(), handle[4].data_ptr(), tokens, config, combined_x.data_ptr(), 0,
                     *handle._own_rows, caller, None, None)
     # (call, whether it waits for the counts on the host); the joins are what a
     # plain op paid before it ran on the caller's stream, and one on a stream switch does.
@@ -158,7 +160,7 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
                 host_s = time.perf_counter() - start - (native.last_host_wait_s if waits else 0)
                 (warm if i else first).append(host_s * 1e6)
         torch.cuda.synchronize()
-        rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": MAIN_TOKENS, "num_sms": MAIN_SMS,
+        rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": tokens, "num_sms": MAIN_SMS,
                      "sms_used": min(MAIN_SMS, native.sm_budget), "host_us": statistics.median(warm),
                      "host_us_after_sync": statistics.median(first)})
     return rows
