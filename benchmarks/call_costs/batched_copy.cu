@@ -1,6 +1,8 @@
 // Three copies (a rank's rows around its own and its weights) as three
 // cudaMemcpyAsync calls against one cudaMemcpyBatchAsync: host time of the
-// enqueue and device time of the copies. Built with the tests (turnout_call_costs_batched_copy).
+// enqueue and device time of the copies; and whether the runtime takes a batch
+// on the legacy default stream, where torch's default stream is. Built with the
+// tests (turnout_call_costs_batched_copy).
 #include "call_timer.cuh"
 
 int main() {
@@ -24,6 +26,10 @@ int main() {
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
   size_t idx = 0;
+  printf("cudaMemcpyBatchAsync on the legacy default stream: error %d; on the per-thread one: error %d\n",
+         static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, cudaStreamLegacy)),
+         static_cast<int>(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, cudaStreamPerThread)));
+  CHECK(cudaDeviceSynchronize());
   for (int mode = 0; mode < 4; ++mode)
     for (int rep = 0; rep < 2; ++rep) {
       std::vector<double> host;

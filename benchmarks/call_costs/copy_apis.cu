@@ -1,6 +1,5 @@
 // Host time of one device-to-device copy through each API (runtime and driver,
-// into cudaMalloc and VMM memory, a 2D copy), of two copies alone and as one
-// batch (cudaMemcpyBatchAsync), and of a copy kernel's launch
+// into cudaMalloc and VMM memory, a 2D copy) and of a copy kernel's launch
 // (runtime and driver), the stream busy; the list `argv[1]` times over (default
 // once), so that an entry's place in it can be told from its API. Built with
 // the tests (turnout_call_costs_copy_apis).
@@ -49,20 +48,6 @@ int main(int argc, char** argv) {
   int4* copy_dst = reinterpret_cast<int4*>(dst);
   size_t copy_n = 16;
   void* copy_args[] = {&copy_src, &copy_dst, &copy_n};
-  // Two ranges, as a copy around a rank's own rows enqueues them.
-  void* batch_dsts[] = {dst, dst + n};
-  const void* batch_srcs[] = {src, src + n};
-  size_t batch_sizes[] = {n / 2, n / 2};
-  cudaMemcpyAttributes batch_attrs{};
-  batch_attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  size_t batch_attr_at = 0;
-  auto batch = [&](cudaStream_t on) {
-    return cudaMemcpyBatchAsync(batch_dsts, batch_srcs, batch_sizes, 2, &batch_attrs, &batch_attr_at, 1, on);
-  };
-  // The runtime's documentation refuses the legacy default stream, where torch's default stream is.
-  std::printf("cudaMemcpyBatchAsync on the legacy default stream: error %d; on a per-thread default stream: %d\n",
-              static_cast<int>(batch(cudaStreamLegacy)), static_cast<int>(batch(cudaStreamPerThread)));
-  CHECK(cudaDeviceSynchronize());
   std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"cudaMemcpyAsync D2D", [&] { CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s)); }},
       {"cudaMemcpyAsync Default", [&] { CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s)); }},
@@ -72,12 +57,6 @@ int main(int argc, char** argv) {
       {"cuMemcpyDtoDAsync into VMM", [&] { CHECK(cuMemcpyDtoDAsync(vp, (CUdeviceptr)src, n, (CUstream)s)); }},
       {"cudaMemcpy2DAsync 2 rows",
        [&] { CHECK(cudaMemcpy2DAsync(dst, n, src, n, n / 2, 2, cudaMemcpyDeviceToDevice, s)); }},
-      {"two cudaMemcpyAsync D2D",
-       [&] {
-         CHECK(cudaMemcpyAsync(dst, src, n / 2, cudaMemcpyDeviceToDevice, s));
-         CHECK(cudaMemcpyAsync(dst + n, src + n, n / 2, cudaMemcpyDeviceToDevice, s));
-       }},
-      {"cudaMemcpyBatchAsync 2 copies", [&] { CHECK(batch(s)); }},
       {"copy kernel launch", [&] { copy16<<<4, 256, 0, s>>>((const int4*)src, (int4*)dst, 16); }},
       {"copy kernel cuLaunchKernel",
        [&] { CHECK(cuLaunchKernel((CUfunction)copy_fn, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, copy_args, nullptr)); }},
