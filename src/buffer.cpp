@@ -22,6 +22,7 @@ struct Buffer::State {
   BufferCore core;
   layout::Workspaces layout;
   intranode::CountsMailbox intranode;
+  OpGraph combine_graph;
   internode::State internode;
 };
 
@@ -56,6 +57,7 @@ void Buffer::destroy() {
     ~ReleaseModes() {
       state.layout.release();
       state.intranode.release();
+      state.combine_graph.release();
       state.internode.release();
     }
   } release{*state_};
@@ -116,7 +118,7 @@ void Buffer::dispatch_known_rows(const DispatchCountsArgs& counts, const Dispatc
 }
 
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
-  intranode::combine(state_->core, args, stream);
+  intranode::combine(state_->core, state_->combine_graph, args, stream);
 }
 
 InternodeDispatchCounts Buffer::internode_dispatch_counts(const InternodeDispatchCountsArgs& args,

@@ -12,6 +12,16 @@
 
 namespace turnout::kernels {
 
+// Which kernel a launch runs and on what grid, for an op that enqueues it as
+// a graph node (ops/op_graph.hpp) rather than launching it.
+struct KernelLaunch {
+  const void* func = nullptr;
+  dim3 grid, block;
+  size_t shared_bytes = 0;
+};
+// Launches it; `args` points at each of the kernel's parameters.
+void launch(const KernelLaunch& k, void** args, cudaStream_t stream);
+
 struct LayoutParams {
   LayoutArgs args;
   int num_ranks;

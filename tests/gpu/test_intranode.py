@@ -152,6 +152,26 @@ def test_combine_stage_takes_few_own_rows_along(ctx):
                 check_combine(back, reference_combine(case, n, refs, ctx.rank), case, f"{what}, stage {stage}")
 
 
+def test_staged_combines_of_changing_shapes(ctx):
+    """A staged combine enqueues its copies and launches as one graph, made
+    once per shape (how many copies, which kernels, how many blocks) and set
+    anew each call: one buffer takes combines of up to six shapes in turn (one
+    copy or two, on 4, 8 or the default SMs), more than it keeps graphs of,
+    twice over, each against the reference, so that graphs are made, set with
+    other addresses and sizes, dropped and made again."""
+    small = Case("uniform", 64, 2048, 8, 64, biases=1)
+    large = Case("uniform", 1024, 2048, 8, 64)
+    configs = (turnout.Config(4, 4, 64), turnout.Config(8, 4, 64), None)
+    for n, g in ctx.each_group():
+        room = nvl_bytes(HIDDEN_MAX, n) + stage_room(large.tokens, large.hidden, n)
+        with ctx.buffer(g, num_nvl_bytes=room) as buf:
+            for i in range(2):
+                for case in (small, large):
+                    for config in configs:
+                        sms = config.num_sms if config else "default"
+                        round_trip(ctx, buf, case, n, f"n={n} {case}, {sms} SMs, round {i}", config=config)
+
+
 def test_combine_stage_weights_at_any_address(ctx):
     """The check step copies combine's top-k weights into the stage in fours
     where their address allows (the other tests), else one by one: weights
