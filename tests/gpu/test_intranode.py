@@ -153,7 +153,7 @@ def test_combine_stage_takes_few_own_rows_along(ctx):
 
 
 def test_staged_combines_of_changing_shapes(ctx):
-    """A staged combine enqueues its copies and launches as one graph, made
+    """An eager combine enqueues its copies and launches as one graph, made
     once per shape (how many copies, which kernels, how many blocks) and set
     anew each call: one buffer takes combines of up to six shapes in turn (one
     copy or two, on 4, 8 or the default SMs), more than it keeps graphs of,

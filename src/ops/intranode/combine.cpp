@@ -19,6 +19,12 @@ kernels::StageGap stage_gap(const CombineArgs& a) {
   return kernels::stage_gap(a.own_rows_begin, a.num_own_rows, a.num_rows, static_cast<int64_t>(a.hidden) * 2);
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 // Where this rank's rows go before the kernels pull them: the call's stage
 // where they fit, and the copy-engine copies (several times an SM's local
 // rate) that fill it (their weights follow in the check step,
@@ -41,9 +47,7 @@ StagePlan plan_stage(BufferCore& core, const CombineArgs& a, const kernels::Intr
   const int row_bytes = a.hidden * 2;
   const int64_t cap = static_cast<int64_t>(core.options().num_nvl_bytes);
   if (kernels::combine_stage(region.total, cap, row_bytes, a.num_topk, 0).at < 0) return {};
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return {};
+  if (capturing(stream)) return {};
   const kernels::CombineStage stage =
       kernels::combine_stage(region.total, cap, row_bytes, a.num_topk, core.next_combine_stage());
   if (a.num_rows > stage.fit_rows) return {};
@@ -85,9 +89,10 @@ void combine(BufferCore& core, OpGraph& graph, const CombineArgs& a, cudaStream_
   kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx, own_rows_direct, stage};
   // One launch where no other rank shares the GPU (every block resident at once).
   const bool one_launch = core.ranks_on_gpu() == 1;
+  // Eager calls enqueue their copies and launches as one graph; a staged
+  // combine is never under capture (plan_stage). TURNOUT_OP_GRAPHS=0: one by one.
   static const bool graphs = switched_on("TURNOUT_OP_GRAPHS");
-  if (stage.at >= 0 && graphs) {
-    // A staged combine is never under capture (plan_stage): its copies and launches as one graph.
+  if (graphs && (stage.at >= 0 || !capturing(stream))) {
     void* check_args[] = {&check};
     void* data_args[] = {&data};
     void* both_args[] = {&check, &data};
