@@ -1,0 +1,100 @@
+// Device time of one device-to-device copy of a combine's rows (hidden 7168,
+// BF16: 14336 bytes a row) by row count: cudaMemcpyAsync, the same copy as a
+// graph's memcpy node (set anew each call, as an op's graph does), and a
+// plain copy kernel (16-byte words, every SM), eager and as a graph's kernel
+// node. The runtime copies within a device with kernels of its own whose
+// speed can depend on the size, and differently in a graph; this tells
+// whether an op's graph should copy with memcpy nodes or its own kernel.
+// Built with the tests (turnout_call_costs_copy_sizes); argv[1] row counts
+// (comma-separated; default a sweep), argv[2] the source's offset in bytes.
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "call_timer.cuh"
+
+__global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+int main(int argc, char** argv) {
+  std::vector<size_t> row_counts;
+  std::stringstream list(argc > 1 ? argv[1] : "64,128,512,1000,1024,2000,2048,3000,4080,4096,4200,6000,8160,8192");
+  for (std::string item; std::getline(list, item, ',');) row_counts.push_back(std::stoul(item));
+  const size_t offset = argc > 2 ? std::stoul(argv[2]) : 0;
+  const size_t row_bytes = 7168 * 2, most = 8192 * row_bytes;
+  char *src, *dst;
+  CHECK(cudaMalloc(&src, most + offset));
+  CHECK(cudaMalloc(&dst, most));
+  CHECK(cudaMemset(src, 1, most + offset));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const dim3 grid(sms * 2), block(512);
+
+  // One graph per way, made with the largest copy and set to each size.
+  cudaGraph_t copy_graph, kernel_graph;
+  cudaGraphNode_t copy_node, kernel_node;
+  CHECK(cudaGraphCreate(&copy_graph, 0));
+  CHECK(
+      cudaGraphAddMemcpyNode1D(&copy_node, copy_graph, nullptr, 0, dst, src + offset, most, cudaMemcpyDeviceToDevice));
+  const int4* words_src = reinterpret_cast<const int4*>(src + offset);
+  int4* words_dst = reinterpret_cast<int4*>(dst);
+  size_t words = most / 16;
+  void* args[] = {&words_src, &words_dst, &words};
+  cudaKernelNodeParams kernel{};
+  kernel.func = reinterpret_cast<void*>(copy_words);
+  kernel.gridDim = grid;
+  kernel.blockDim = block;
+  kernel.kernelParams = args;
+  CHECK(cudaGraphCreate(&kernel_graph, 0));
+  CHECK(cudaGraphAddKernelNode(&kernel_node, kernel_graph, nullptr, 0, &kernel));
+  cudaGraphExec_t copy_exec, kernel_exec;
+  CHECK(cudaGraphInstantiate(&copy_exec, copy_graph, 0));
+  CHECK(cudaGraphInstantiate(&kernel_exec, kernel_graph, 0));
+
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel", "graph copy kernel"};
+  std::printf("%-8s %-12s", "rows", "MB");
+  for (const char* n : names) std::printf(" | %22s", n);
+  std::printf("   (device us, median of 50; GB/s read)\n");
+  for (size_t rows : row_counts) {
+    const size_t bytes = std::min(rows, static_cast<size_t>(8192)) * row_bytes;
+    words = bytes / 16;
+    std::printf("%-8zu %-12.2f", rows, bytes / 1e6);
+    for (int way = 0; way < 4; ++way) {
+      std::vector<float> us;
+      for (int it = 0; it < 60; ++it) {
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaEventRecord(e0, s));
+        if (way == 0) {
+          CHECK(cudaMemcpyAsync(dst, src + offset, bytes, cudaMemcpyDeviceToDevice, s));
+        } else if (way == 1) {
+          CHECK(cudaGraphExecMemcpyNodeSetParams1D(copy_exec, copy_node, dst, src + offset, bytes,
+                                                   cudaMemcpyDeviceToDevice));
+          CHECK(cudaGraphLaunch(copy_exec, s));
+        } else if (way == 2) {
+          copy_words<<<grid, block, 0, s>>>(words_src, words_dst, words);
+        } else {
+          CHECK(cudaGraphExecKernelNodeSetParams(kernel_exec, kernel_node, &kernel));
+          CHECK(cudaGraphLaunch(kernel_exec, s));
+        }
+        CHECK(cudaEventRecord(e1, s));
+        CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 10) us.push_back(ms * 1000);
+      }
+      std::sort(us.begin(), us.end());
+      const float median = us[us.size() / 2];
+      std::printf(" | %9.1f us %6.0f GB/s", median, bytes / (median * 1e3));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
