@@ -3,8 +3,10 @@
 #include "turnout/buffer.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "ops/buffer_core.hpp"
 #include "ops/internode/internode.hpp"
@@ -17,7 +19,14 @@
 namespace turnout {
 
 struct Buffer::State {
-  State(Bootstrap& bootstrap, const BufferOptions& options) : core(bootstrap, options) {}
+  State(Bootstrap& bootstrap, const BufferOptions& options)
+      : core(bootstrap, options), combine_graph(copies_by_kernel()) {}
+
+  // TURNOUT_OP_GRAPH_COPIES=kernel: an op's graph copies with a kernel of its own.
+  static bool copies_by_kernel() {
+    const char* value = std::getenv("TURNOUT_OP_GRAPH_COPIES");
+    return value != nullptr && std::string_view(value) == "kernel";
+  }
 
   BufferCore core;
   layout::Workspaces layout;

@@ -22,6 +22,11 @@ struct KernelLaunch {
 // Launches it; `args` points at each of the kernel's parameters.
 void launch(const KernelLaunch& k, void** args, cudaStream_t stream);
 
+// A copy of `bytes` by a kernel on two blocks an SM of `num_sms`:
+// parameters (const char* src, char* dst, size_t bytes); 16 bytes a thread
+// at a time where both addresses allow.
+KernelLaunch copy_bytes_launch(int num_sms);
+
 struct LayoutParams {
   LayoutArgs args;
   int num_ranks;

@@ -44,6 +44,10 @@ bool same_shape(std::span<const GraphStep> a, std::span<const GraphStep> b);
 
 class OpGraph {
  public:
+  // Copies as the runtime's memcpy nodes, or (`by_kernel`) as launches of
+  // kernels::copy_bytes_launch.
+  explicit OpGraph(bool copies_by_kernel = false) : copies_by_kernel_(copies_by_kernel) {}
+
   // Enqueues the steps on `stream` (not capturing) in the order
   // step_dependencies gives them.
   void enqueue(std::span<const GraphStep> steps, cudaStream_t stream);
@@ -64,7 +68,12 @@ class OpGraph {
     uint64_t last_use = 0;
   };
   Built& make(std::span<const GraphStep> steps);
-  static bool set(Built& b, std::span<const GraphStep> steps);
+  bool set(Built& b, std::span<const GraphStep> steps);
+  // A copy step as a kernel node's parameters (args points at src, dst and bytes).
+  cudaKernelNodeParams copy_kernel(const GraphStep& s, void* (&args)[3], const char*& src, char*& dst, size_t& bytes);
+
+  bool copies_by_kernel_;
+  kernels::KernelLaunch copier_;  // set on the first copy by kernel
 
   std::vector<Built> built_;
   uint64_t uses_ = 0;
