@@ -6,7 +6,7 @@
 // speed can depend on the size, and differently in a graph; this tells
 // whether an op's graph should copy with memcpy nodes or its own kernel.
 // Built with the tests (turnout_call_costs_copy_sizes); argv[1] row counts
-// (comma-separated; default a sweep), argv[2] the source's offset in bytes.
+// (comma-separated, at most 8192; default a sweep).
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -23,12 +23,11 @@ int main(int argc, char** argv) {
   std::vector<size_t> row_counts;
   std::stringstream list(argc > 1 ? argv[1] : "64,128,512,1000,1024,2000,2048,3000,4080,4096,4200,6000,8160,8192");
   for (std::string item; std::getline(list, item, ',');) row_counts.push_back(std::stoul(item));
-  const size_t offset = argc > 2 ? std::stoul(argv[2]) : 0;
   const size_t row_bytes = 7168 * 2, most = 8192 * row_bytes;
   char *src, *dst;
-  CHECK(cudaMalloc(&src, most + offset));
+  CHECK(cudaMalloc(&src, most));
   CHECK(cudaMalloc(&dst, most));
-  CHECK(cudaMemset(src, 1, most + offset));
+  CHECK(cudaMemset(src, 1, most));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int sms = 0;
@@ -39,9 +38,8 @@ int main(int argc, char** argv) {
   cudaGraph_t copy_graph, kernel_graph;
   cudaGraphNode_t copy_node, kernel_node;
   CHECK(cudaGraphCreate(&copy_graph, 0));
-  CHECK(
-      cudaGraphAddMemcpyNode1D(&copy_node, copy_graph, nullptr, 0, dst, src + offset, most, cudaMemcpyDeviceToDevice));
-  const int4* words_src = reinterpret_cast<const int4*>(src + offset);
+  CHECK(cudaGraphAddMemcpyNode1D(&copy_node, copy_graph, nullptr, 0, dst, src, most, cudaMemcpyDeviceToDevice));
+  const int4* words_src = reinterpret_cast<const int4*>(src);
   int4* words_dst = reinterpret_cast<int4*>(dst);
   size_t words = most / 16;
   void* args[] = {&words_src, &words_dst, &words};
@@ -73,10 +71,9 @@ int main(int argc, char** argv) {
         CHECK(cudaStreamSynchronize(s));
         CHECK(cudaEventRecord(e0, s));
         if (way == 0) {
-          CHECK(cudaMemcpyAsync(dst, src + offset, bytes, cudaMemcpyDeviceToDevice, s));
+          CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
         } else if (way == 1) {
-          CHECK(cudaGraphExecMemcpyNodeSetParams1D(copy_exec, copy_node, dst, src + offset, bytes,
-                                                   cudaMemcpyDeviceToDevice));
+          CHECK(cudaGraphExecMemcpyNodeSetParams1D(copy_exec, copy_node, dst, src, bytes, cudaMemcpyDeviceToDevice));
           CHECK(cudaGraphLaunch(copy_exec, s));
         } else if (way == 2) {
           copy_words<<<grid, block, 0, s>>>(words_src, words_dst, words);
