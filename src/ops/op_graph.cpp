@@ -51,21 +51,21 @@ bool same_shape(std::span<const GraphStep> a, std::span<const GraphStep> b) {
   return true;
 }
 
-cudaKernelNodeParams OpGraph::copy_kernel(const GraphStep& s, void* (&args)[3], const char*& src, char*& dst,
-                                          size_t& bytes) {
+cudaKernelNodeParams OpGraph::kernel_node(const GraphStep& s, CopyArgs& copy) {
+  if (!s.is_copy) return kernel_params(s);
   if (copier_.func == nullptr) {
     int device = 0, sms = 0;
     TURNOUT_CUDA_CHECK(cudaGetDevice(&device));
     TURNOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     copier_ = kernels::copy_bytes_launch(sms);
   }
-  src = static_cast<const char*>(s.src);
-  dst = static_cast<char*>(s.dst);
-  bytes = s.bytes;
-  args[0] = &src;
-  args[1] = &dst;
-  args[2] = &bytes;
-  return kernel_params(GraphStep::launch(copier_, args));
+  copy.src = static_cast<const char*>(s.src);
+  copy.dst = static_cast<char*>(s.dst);
+  copy.bytes = s.bytes;
+  copy.args[0] = &copy.src;
+  copy.args[1] = &copy.dst;
+  copy.args[2] = &copy.bytes;
+  return kernel_params(GraphStep::launch(copier_, copy.args));
 }
 
 OpGraph::Built& OpGraph::make(std::span<const GraphStep> steps) {
@@ -85,18 +85,12 @@ OpGraph::Built& OpGraph::make(std::span<const GraphStep> steps) {
     waits.clear();
     for (int d : deps[i]) waits.push_back(b.nodes[d]);
     const GraphStep& s = steps[i];
-    if (s.is_copy && copies_by_kernel_) {
-      void* args[3];
-      const char* src;
-      char* dst;
-      size_t bytes;
-      const cudaKernelNodeParams p = copy_kernel(s, args, src, dst, bytes);
-      TURNOUT_CUDA_CHECK(cudaGraphAddKernelNode(&b.nodes[i], graph, waits.data(), waits.size(), &p));
-    } else if (s.is_copy) {
+    if (s.is_copy && !copies_by_kernel_) {
       TURNOUT_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&b.nodes[i], graph, waits.data(), waits.size(), s.dst, s.src, s.bytes,
                                                   cudaMemcpyDeviceToDevice));
     } else {
-      const cudaKernelNodeParams p = kernel_params(s);
+      CopyArgs copy;
+      const cudaKernelNodeParams p = kernel_node(s, copy);
       TURNOUT_CUDA_CHECK(cudaGraphAddKernelNode(&b.nodes[i], graph, waits.data(), waits.size(), &p));
     }
   }
@@ -113,18 +107,12 @@ bool OpGraph::set(Built& b, std::span<const GraphStep> steps) {
   for (size_t i = 0; i < steps.size(); ++i) {
     const GraphStep& s = steps[i];
     cudaError_t rc;
-    if (s.is_copy && copies_by_kernel_) {
-      void* args[3];
-      const char* src;
-      char* dst;
-      size_t bytes;
-      const cudaKernelNodeParams p = copy_kernel(s, args, src, dst, bytes);
-      rc = cudaGraphExecKernelNodeSetParams(b.exec.get(), b.nodes[i], &p);
-    } else if (s.is_copy) {
+    if (s.is_copy && !copies_by_kernel_) {
       rc =
           cudaGraphExecMemcpyNodeSetParams1D(b.exec.get(), b.nodes[i], s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice);
     } else {
-      const cudaKernelNodeParams p = kernel_params(s);
+      CopyArgs copy;
+      const cudaKernelNodeParams p = kernel_node(s, copy);
       rc = cudaGraphExecKernelNodeSetParams(b.exec.get(), b.nodes[i], &p);
     }
     if (rc != cudaSuccess) {

@@ -69,8 +69,15 @@ class OpGraph {
   };
   Built& make(std::span<const GraphStep> steps);
   bool set(Built& b, std::span<const GraphStep> steps);
-  // A copy step as a kernel node's parameters (args points at src, dst and bytes).
-  cudaKernelNodeParams copy_kernel(const GraphStep& s, void* (&args)[3], const char*& src, char*& dst, size_t& bytes);
+  // A copy step's parameters as the copy kernel takes them, while its node is made or set.
+  struct CopyArgs {
+    const char* src = nullptr;
+    char* dst = nullptr;
+    size_t bytes = 0;
+    void* args[3] = {};
+  };
+  // A launch's node, or a copy's where the graph copies by kernel (`copy` holds its parameters).
+  cudaKernelNodeParams kernel_node(const GraphStep& s, CopyArgs& copy);
 
   bool copies_by_kernel_;
   kernels::KernelLaunch copier_;  // set on the first copy by kernel
