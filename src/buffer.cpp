@@ -20,7 +20,7 @@ namespace turnout {
 
 struct Buffer::State {
   State(Bootstrap& bootstrap, const BufferOptions& options)
-      : core(bootstrap, options), combine_graph(copies_by_kernel()) {}
+      : core(bootstrap, options), dispatch_graph(copies_by_kernel()), combine_graph(copies_by_kernel()) {}
 
   // TURNOUT_OP_GRAPH_COPIES=kernel: an op's graph copies with a kernel of its own.
   static bool copies_by_kernel() {
@@ -31,6 +31,7 @@ struct Buffer::State {
   BufferCore core;
   layout::Workspaces layout;
   intranode::CountsMailbox intranode;
+  OpGraph dispatch_graph;
   OpGraph combine_graph;
   internode::State internode;
 };
@@ -66,6 +67,7 @@ void Buffer::destroy() {
     ~ReleaseModes() {
       state.layout.release();
       state.intranode.release();
+      state.dispatch_graph.release();
       state.combine_graph.release();
       state.internode.release();
     }
@@ -123,7 +125,7 @@ void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
 }
 
 void Buffer::dispatch_known_rows(const DispatchCountsArgs& counts, const DispatchArgs& args, cudaStream_t stream) {
-  intranode::dispatch_known_rows(state_->core, state_->intranode, counts, args, stream);
+  intranode::dispatch_known_rows(state_->core, state_->intranode, state_->dispatch_graph, counts, args, stream);
 }
 
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {

@@ -23,6 +23,12 @@ bool same_dim(dim3 a, dim3 b) {
 
 }  // namespace
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 std::vector<std::vector<int>> step_dependencies(std::span<const GraphStep> steps) {
   std::vector<std::vector<int>> deps(steps.size());
   std::vector<int> group;  // the last copies next to each other, or the last launch

@@ -42,6 +42,9 @@ std::vector<std::vector<int>> step_dependencies(std::span<const GraphStep> steps
 // may differ: a call sets those.
 bool same_shape(std::span<const GraphStep> a, std::span<const GraphStep> b);
 
+// Whether `stream` is under a CUDA-graph capture, where an op's graph is not for it.
+bool capturing(cudaStream_t stream);
+
 class OpGraph {
  public:
   // Copies as the runtime's memcpy nodes, or (`by_kernel`) as launches of

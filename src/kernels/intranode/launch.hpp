@@ -95,6 +95,9 @@ void launch_intranode_landing_dispatch(const DispatchParams& p, cudaStream_t str
 // wait for it: only where every block is resident at once (no other rank on
 // the GPU), and with no host wait between the steps (mailbox null).
 void launch_intranode_counts_and_dispatch(const NotifyParams& counts, const DispatchParams& p, cudaStream_t stream);
+// Their kernels and grids for `p`: parameters (p), and (counts, p).
+KernelLaunch intranode_dispatch_launch(const DispatchParams& p);
+KernelLaunch intranode_counts_and_dispatch_launch(const DispatchParams& p);
 
 struct CombineParams {
   Peers peers;

@@ -19,12 +19,6 @@ kernels::StageGap stage_gap(const CombineArgs& a) {
   return kernels::stage_gap(a.own_rows_begin, a.num_own_rows, a.num_rows, static_cast<int64_t>(a.hidden) * 2);
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TURNOUT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  return capture != cudaStreamCaptureStatusNone;
-}
-
 // Where this rank's rows go before the kernels pull them: the call's stage
 // where they fit, and the copy-engine copies (several times an SM's local
 // rate) that fill it (their weights follow in the check step,

@@ -88,7 +88,7 @@ void dispatch(BufferCore& core, const DispatchArgs& args, cudaStream_t stream);
 // Both steps where the receive rows are known before the counts (see
 // turnout::Buffer::dispatch_known_rows): one launch where this rank has its
 // GPU to itself.
-void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
+void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, OpGraph& graph, const DispatchCountsArgs& counts,
                          const DispatchArgs& args, cudaStream_t stream);
 // A staged combine enqueues its copies and launches through `graph`.
 void combine(BufferCore& core, OpGraph& graph, const CombineArgs& args, cudaStream_t stream);
