@@ -123,7 +123,9 @@ bool OpGraph::set(Built& b, std::span<const GraphStep> steps) {
     }
     if (rc != cudaSuccess) {
       // The runtime refuses some updates (memory of another kind than the
-      // graph was made with): such a call makes a graph of its own.
+      // graph was made with): such a call makes a graph of its own. The
+      // refusal must not fail a later launch's error check, so it is cleared
+      // (with any error the caller left pending before this call).
       (void)cudaGetLastError();
       return false;
     }
