@@ -3,10 +3,8 @@
 #include "turnout/buffer.hpp"
 
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <string>
-#include <string_view>
 
 #include "ops/buffer_core.hpp"
 #include "ops/internode/internode.hpp"
@@ -19,14 +17,7 @@
 namespace turnout {
 
 struct Buffer::State {
-  State(Bootstrap& bootstrap, const BufferOptions& options)
-      : core(bootstrap, options), dispatch_graph(copies_by_kernel()), combine_graph(copies_by_kernel()) {}
-
-  // TURNOUT_OP_GRAPH_COPIES=kernel: an op's graph copies with a kernel of its own.
-  static bool copies_by_kernel() {
-    const char* value = std::getenv("TURNOUT_OP_GRAPH_COPIES");
-    return value != nullptr && std::string_view(value) == "kernel";
-  }
+  State(Bootstrap& bootstrap, const BufferOptions& options) : core(bootstrap, options) {}
 
   BufferCore core;
   layout::Workspaces layout;

@@ -1,6 +1,6 @@
 // A device-to-device copy by a kernel, for an op's graph (ops/op_graph.hpp):
-// the runtime's own copies within a device are kernels too, whose speed in a
-// graph depends on the size (benchmarks/call_costs/copy_sizes).
+// in a graph the runtime's memcpy nodes slowed a combine that this kernel
+// does not (docs/PERFORMANCE.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>

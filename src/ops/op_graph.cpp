@@ -90,15 +90,9 @@ OpGraph::Built& OpGraph::make(std::span<const GraphStep> steps) {
   for (size_t i = 0; i < steps.size(); ++i) {
     waits.clear();
     for (int d : deps[i]) waits.push_back(b.nodes[d]);
-    const GraphStep& s = steps[i];
-    if (s.is_copy && !copies_by_kernel_) {
-      TURNOUT_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&b.nodes[i], graph, waits.data(), waits.size(), s.dst, s.src, s.bytes,
-                                                  cudaMemcpyDeviceToDevice));
-    } else {
-      CopyArgs copy;
-      const cudaKernelNodeParams p = kernel_node(s, copy);
-      TURNOUT_CUDA_CHECK(cudaGraphAddKernelNode(&b.nodes[i], graph, waits.data(), waits.size(), &p));
-    }
+    CopyArgs copy;
+    const cudaKernelNodeParams p = kernel_node(steps[i], copy);
+    TURNOUT_CUDA_CHECK(cudaGraphAddKernelNode(&b.nodes[i], graph, waits.data(), waits.size(), &p));
   }
   cudaGraphExec_t exec = nullptr;
   TURNOUT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -111,21 +105,12 @@ OpGraph::Built& OpGraph::make(std::span<const GraphStep> steps) {
 
 bool OpGraph::set(Built& b, std::span<const GraphStep> steps) {
   for (size_t i = 0; i < steps.size(); ++i) {
-    const GraphStep& s = steps[i];
-    cudaError_t rc;
-    if (s.is_copy && !copies_by_kernel_) {
-      rc =
-          cudaGraphExecMemcpyNodeSetParams1D(b.exec.get(), b.nodes[i], s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice);
-    } else {
-      CopyArgs copy;
-      const cudaKernelNodeParams p = kernel_node(s, copy);
-      rc = cudaGraphExecKernelNodeSetParams(b.exec.get(), b.nodes[i], &p);
-    }
-    if (rc != cudaSuccess) {
-      // The runtime refuses some updates (memory of another kind than the
-      // graph was made with): such a call makes a graph of its own. The
-      // refusal must not fail a later launch's error check, so it is cleared
-      // (with any error the caller left pending before this call).
+    CopyArgs copy;
+    const cudaKernelNodeParams p = kernel_node(steps[i], copy);
+    if (cudaGraphExecKernelNodeSetParams(b.exec.get(), b.nodes[i], &p) != cudaSuccess) {
+      // Where the runtime refuses an update, the call makes a graph of its
+      // own. The refusal must not fail a later launch's error check, so it is
+      // cleared (with any error the caller left pending before this call).
       (void)cudaGetLastError();
       return false;
     }

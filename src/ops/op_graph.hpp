@@ -2,7 +2,9 @@
 // per shape and set anew each call. A launch or a copy costs the host 4-6 us
 // on an H200 host; the graph's parameter updates and its one launch cost
 // about half of what its steps cost one by one, and the GPU starts them
-// sooner (benchmarks/call_costs/graph_updates). Not for a stream under
+// sooner (benchmarks/call_costs/graph_updates). Copies are launches of a
+// copy kernel of its own: the runtime's memcpy nodes made a 4096-token
+// combine 30 us slower on the GPU, the kernel did not. Not for a stream under
 // capture, nor for work whose shape changes every call.
 #pragma once
 
@@ -47,10 +49,6 @@ bool capturing(cudaStream_t stream);
 
 class OpGraph {
  public:
-  // Copies as the runtime's memcpy nodes, or (`by_kernel`) as launches of
-  // kernels::copy_bytes_launch.
-  explicit OpGraph(bool copies_by_kernel = false) : copies_by_kernel_(copies_by_kernel) {}
-
   // Enqueues the steps on `stream` (not capturing) in the order
   // step_dependencies gives them.
   void enqueue(std::span<const GraphStep> steps, cudaStream_t stream);
@@ -79,11 +77,11 @@ class OpGraph {
     size_t bytes = 0;
     void* args[3] = {};
   };
-  // A launch's node, or a copy's where the graph copies by kernel (`copy` holds its parameters).
+  // A step's kernel node: a launch's own, or a copy's as a launch of
+  // kernels::copy_bytes_launch (`copy` holds its parameters).
   cudaKernelNodeParams kernel_node(const GraphStep& s, CopyArgs& copy);
 
-  bool copies_by_kernel_;
-  kernels::KernelLaunch copier_;  // set on the first copy by kernel
+  kernels::KernelLaunch copier_;  // set on the first copy
 
   std::vector<Built> built_;
   uint64_t uses_ = 0;

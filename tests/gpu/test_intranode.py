@@ -2,7 +2,6 @@
 every shape, BF16 and FP8, with and without top-k, the stream options, cached
 dispatch, determinism, the ops of one buffer on two streams ordering
 themselves, and num_worst_tokens in a CUDA graph."""
-import os
 
 import torch
 
@@ -166,19 +165,13 @@ def test_staged_combines_of_changing_shapes(ctx):
     configs = (turnout.Config(4, 4, 64), turnout.Config(8, 4, 64), None)
     for n, g in ctx.each_group():
         room = nvl_bytes(HIDDEN_MAX, n) + stage_room(large.tokens, large.hidden, n)
-        # A buffer reads TURNOUT_OP_GRAPH_COPIES when made: its graphs copy with memcpy nodes or a kernel.
-        for copies in ("memcpy", "kernel"):
-            os.environ["TURNOUT_OP_GRAPH_COPIES"] = copies
-            try:
-                with ctx.buffer(g, num_nvl_bytes=room) as buf:
-                    for i in range(2):
-                        for case in (small, large):
-                            for config in configs:
-                                sms = config.num_sms if config else "default"
-                                what = f"n={n} {case}, {sms} SMs, copies by {copies}, round {i}"
-                                round_trip(ctx, buf, case, n, what, config=config)
-            finally:
-                os.environ.pop("TURNOUT_OP_GRAPH_COPIES", None)
+        with ctx.buffer(g, num_nvl_bytes=room) as buf:
+            for i in range(2):
+                for case in (small, large):
+                    for config in configs:
+                        sms = config.num_sms if config else "default"
+                        what = f"n={n} {case}, {sms} SMs, round {i}"
+                        round_trip(ctx, buf, case, n, what, config=config)
 
 
 def test_combine_stage_weights_at_any_address(ctx):
