@@ -22,6 +22,8 @@ struct Buffer::State {
   BufferCore core;
   layout::Workspaces layout;
   intranode::CountsMailbox intranode;
+  OpGraph dispatch_graph;
+  OpGraph combine_graph;
   internode::State internode;
 };
 
@@ -56,6 +58,8 @@ void Buffer::destroy() {
     ~ReleaseModes() {
       state.layout.release();
       state.intranode.release();
+      state.dispatch_graph.release();
+      state.combine_graph.release();
       state.internode.release();
     }
   } release{*state_};
@@ -112,11 +116,11 @@ void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
 }
 
 void Buffer::dispatch_known_rows(const DispatchCountsArgs& counts, const DispatchArgs& args, cudaStream_t stream) {
-  intranode::dispatch_known_rows(state_->core, state_->intranode, counts, args, stream);
+  intranode::dispatch_known_rows(state_->core, state_->intranode, state_->dispatch_graph, counts, args, stream);
 }
 
 void Buffer::combine(const CombineArgs& args, cudaStream_t stream) {
-  intranode::combine(state_->core, args, stream);
+  intranode::combine(state_->core, state_->combine_graph, args, stream);
 }
 
 InternodeDispatchCounts Buffer::internode_dispatch_counts(const InternodeDispatchCountsArgs& args,

@@ -2,9 +2,9 @@
 // BF16: 14336 bytes a row) by row count: cudaMemcpyAsync, the same copy as a
 // graph's memcpy node (set anew each call, as an op's graph does), and a
 // plain copy kernel (16-byte words, every SM), eager and as a graph's kernel
-// node. The runtime copies within a device with kernels of its own whose
-// speed can depend on the size, and differently in a graph; this tells
-// whether an op's graph should copy with memcpy nodes or its own kernel.
+// node; then the kernel with four words a lane in flight, and on the 24 or 12
+// SMs an op's config allows. Whether the runtime's copies need SMs at all:
+// copy_engines.
 // Built with the tests (turnout_call_costs_copy_sizes); argv[1] row counts
 // (comma-separated, at most 8192; default a sweep).
 #include <cstdlib>
@@ -17,6 +17,20 @@ __global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst,
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     dst[i] = src[i];
+}
+
+// Four words a lane loaded before any is stored.
+__global__ void copy_four_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < words; i += 4 * stride) {
+    int4 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = src[i + k * stride];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[i + k * stride] = w[k];
+  }
+  for (; i < words; i += stride) dst[i] = src[i];
 }
 
 int main(int argc, char** argv) {
@@ -57,7 +71,9 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel", "graph copy kernel"};
+  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel",     "graph copy kernel",
+                         "4 words a lane",  "kernel on 24 SMs",  "kernel on 12 SMs"};
+  const int ways = 7;
   std::printf("%-8s %-12s", "rows", "MB");
   for (const char* n : names) std::printf(" | %22s", n);
   std::printf("   (device us, median of 50; GB/s read)\n");
@@ -65,7 +81,7 @@ int main(int argc, char** argv) {
     const size_t bytes = std::min(rows, static_cast<size_t>(8192)) * row_bytes;
     words = bytes / 16;
     std::printf("%-8zu %-12.2f", rows, bytes / 1e6);
-    for (int way = 0; way < 4; ++way) {
+    for (int way = 0; way < ways; ++way) {
       std::vector<float> us;
       for (int it = 0; it < 60; ++it) {
         CHECK(cudaStreamSynchronize(s));
@@ -77,9 +93,14 @@ int main(int argc, char** argv) {
           CHECK(cudaGraphLaunch(copy_exec, s));
         } else if (way == 2) {
           copy_words<<<grid, block, 0, s>>>(words_src, words_dst, words);
-        } else {
+        } else if (way == 3) {
           CHECK(cudaGraphExecKernelNodeSetParams(kernel_exec, kernel_node, &kernel));
           CHECK(cudaGraphLaunch(kernel_exec, s));
+        } else if (way == 4) {
+          copy_four_words<<<grid, block, 0, s>>>(words_src, words_dst, words);
+        } else {
+          // Two blocks an SM, as the op's num_sms would allow.
+          copy_words<<<way == 5 ? 48 : 24, 1024, 0, s>>>(words_src, words_dst, words);
         }
         CHECK(cudaEventRecord(e1, s));
         CHECK(cudaEventSynchronize(e1));

@@ -12,6 +12,21 @@
 
 namespace turnout::kernels {
 
+// Which kernel a launch runs and on what grid, for an op that enqueues it as
+// a graph node (ops/op_graph.hpp) rather than launching it.
+struct KernelLaunch {
+  const void* func = nullptr;
+  dim3 grid, block;
+  size_t shared_bytes = 0;
+};
+// Launches it; `args` points at each of the kernel's parameters.
+void launch(const KernelLaunch& k, void** args, cudaStream_t stream);
+
+// A copy of `bytes` by a kernel on two blocks an SM of `num_sms`:
+// parameters (const char* src, char* dst, size_t bytes); 16 bytes a thread
+// at a time where both addresses allow.
+KernelLaunch copy_bytes_launch(int num_sms);
+
 struct LayoutParams {
   LayoutArgs args;
   int num_ranks;

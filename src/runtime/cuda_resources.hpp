@@ -50,12 +50,20 @@ struct EventTraits {
 struct IpcMappingTraits {
   static void release(void* p) { cudaIpcCloseMemHandle(p); }
 };
+struct GraphTraits {
+  static void release(cudaGraph_t g) { cudaGraphDestroy(g); }
+};
+struct GraphExecTraits {
+  static void release(cudaGraphExec_t g) { cudaGraphExecDestroy(g); }
+};
 
 using DeviceMemory = CudaResource<void*, DeviceMemoryTraits>;
 using HostMemory = CudaResource<void*, HostMemoryTraits>;
 using Stream = CudaResource<cudaStream_t, StreamTraits>;
 using Event = CudaResource<cudaEvent_t, EventTraits>;
 using IpcMapping = CudaResource<void*, IpcMappingTraits>;
+using Graph = CudaResource<cudaGraph_t, GraphTraits>;
+using GraphExec = CudaResource<cudaGraphExec_t, GraphExecTraits>;
 
 DeviceMemory allocate_device(size_t bytes);
 // Pinned host memory the GPU can read and write (cudaHostAllocMapped).

@@ -2,6 +2,7 @@
 every shape, BF16 and FP8, with and without top-k, the stream options, cached
 dispatch, determinism, the ops of one buffer on two streams ordering
 themselves, and num_worst_tokens in a CUDA graph."""
+
 import torch
 
 import turnout
@@ -150,6 +151,27 @@ def test_combine_stage_takes_few_own_rows_along(ctx):
             for stage in range(2):
                 back = combine(buf, case, n, ctx.rank, out, ctx.device)
                 check_combine(back, reference_combine(case, n, refs, ctx.rank), case, f"{what}, stage {stage}")
+
+
+def test_staged_combines_of_changing_shapes(ctx):
+    """An eager combine enqueues its copies and launches as one graph, made
+    once per shape (how many copies, which kernels, how many blocks) and set
+    anew each call: one buffer takes combines of up to six shapes in turn (one
+    copy or two, on 4, 8 or the default SMs), more than it keeps graphs of,
+    twice over, each against the reference, so that graphs are made, set with
+    other addresses and sizes, dropped and made again."""
+    small = Case("uniform", 64, 2048, 8, 64, biases=1)
+    large = Case("uniform", 1024, 2048, 8, 64)
+    configs = (turnout.Config(4, 4, 64), turnout.Config(8, 4, 64), None)
+    for n, g in ctx.each_group():
+        room = nvl_bytes(HIDDEN_MAX, n) + stage_room(large.tokens, large.hidden, n)
+        with ctx.buffer(g, num_nvl_bytes=room) as buf:
+            for i in range(2):
+                for case in (small, large):
+                    for config in configs:
+                        sms = config.num_sms if config else "default"
+                        what = f"n={n} {case}, {sms} SMs, round {i}"
+                        round_trip(ctx, buf, case, n, what, config=config)
 
 
 def test_combine_stage_weights_at_any_address(ctx):

@@ -406,28 +406,34 @@ void with_rows(int num_ranks, Launch launch) {
 
 }  // namespace
 
-void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
+KernelLaunch intranode_combine_launch(const CombineParams& p) {
+  KernelLaunch k{nullptr, dim3(p.region.num_channels * 2), dim3(kThreads), 0};
   with_rows(p.peers.num_ranks, [&](auto rows) {
     constexpr int kRows = decltype(rows)::value;
-    const int blocks = p.region.num_channels * 2;
-    if (p.stage.at >= 0)
-      combine_kernel<kRows, true><<<blocks, kThreads, 0, stream>>>(p);
-    else
-      combine_kernel<kRows, false><<<blocks, kThreads, 0, stream>>>(p);
+    k.func = p.stage.at >= 0 ? reinterpret_cast<const void*>(combine_kernel<kRows, true>)
+                             : reinterpret_cast<const void*>(combine_kernel<kRows, false>);
   });
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  return k;
+}
+
+KernelLaunch intranode_check_and_combine_launch(const CombineParams& p) {
+  KernelLaunch k{nullptr, dim3(p.region.num_channels * 2), dim3(kThreads), 0};
+  with_rows(p.peers.num_ranks, [&](auto rows) {
+    constexpr int kRows = decltype(rows)::value;
+    k.func = p.stage.at >= 0 ? reinterpret_cast<const void*>(check_and_combine_kernel<kRows, true>)
+                             : reinterpret_cast<const void*>(check_and_combine_kernel<kRows, false>);
+  });
+  return k;
+}
+
+void launch_intranode_combine(const CombineParams& p, cudaStream_t stream) {
+  void* args[] = {const_cast<CombineParams*>(&p)};
+  launch(intranode_combine_launch(p), args, stream);
 }
 
 void launch_intranode_check_and_combine(const NotifyParams& check, const CombineParams& p, cudaStream_t stream) {
-  with_rows(p.peers.num_ranks, [&](auto rows) {
-    constexpr int kRows = decltype(rows)::value;
-    const int blocks = p.region.num_channels * 2;
-    if (p.stage.at >= 0)
-      check_and_combine_kernel<kRows, true><<<blocks, kThreads, 0, stream>>>(check, p);
-    else
-      check_and_combine_kernel<kRows, false><<<blocks, kThreads, 0, stream>>>(check, p);
-  });
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {const_cast<NotifyParams*>(&check), const_cast<CombineParams*>(&p)};
+  launch(intranode_check_and_combine_launch(p), args, stream);
 }
 
 }  // namespace turnout::kernels

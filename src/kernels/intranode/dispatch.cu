@@ -338,14 +338,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+KernelLaunch intranode_dispatch_launch(const DispatchParams& p) {
+  return {reinterpret_cast<const void*>(dispatch_kernel), dim3(p.region.num_channels * 2), dim3(kThreads), 0};
+}
+
+KernelLaunch intranode_counts_and_dispatch_launch(const DispatchParams& p) {
+  return {reinterpret_cast<const void*>(counts_and_dispatch_kernel), dim3(p.region.num_channels * 2), dim3(kThreads),
+          0};
+}
+
 void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream) {
-  dispatch_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(p);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {const_cast<DispatchParams*>(&p)};
+  launch(intranode_dispatch_launch(p), args, stream);
 }
 
 void launch_intranode_counts_and_dispatch(const NotifyParams& counts, const DispatchParams& p, cudaStream_t stream) {
-  counts_and_dispatch_kernel<<<p.region.num_channels * 2, kThreads, 0, stream>>>(counts, p);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {const_cast<NotifyParams*>(&counts), const_cast<DispatchParams*>(&p)};
+  launch(intranode_counts_and_dispatch_launch(p), args, stream);
 }
 
 }  // namespace turnout::kernels

@@ -10,6 +10,7 @@
 #include "kernels/intranode/combine_stage.hpp"
 #include "kernels/intranode/landing.hpp"
 #include "kernels/intranode/region.hpp"
+#include "kernels/launch.hpp"
 #include "kernels/wait_context.hpp"
 #include "turnout/intranode.hpp"
 
@@ -74,6 +75,8 @@ struct NotifyParams {
   WaitContext ctx;
 };
 void launch_intranode_notify(const NotifyParams& p, cudaStream_t stream);
+// Its kernel and grid; its one parameter is a NotifyParams.
+KernelLaunch intranode_notify_launch();
 
 struct DispatchParams {
   Peers peers;
@@ -92,6 +95,9 @@ void launch_intranode_landing_dispatch(const DispatchParams& p, cudaStream_t str
 // wait for it: only where every block is resident at once (no other rank on
 // the GPU), and with no host wait between the steps (mailbox null).
 void launch_intranode_counts_and_dispatch(const NotifyParams& counts, const DispatchParams& p, cudaStream_t stream);
+// Their kernels and grids for `p`: parameters (p), and (counts, p).
+KernelLaunch intranode_dispatch_launch(const DispatchParams& p);
+KernelLaunch intranode_counts_and_dispatch_launch(const DispatchParams& p);
 
 struct CombineParams {
   Peers peers;
@@ -116,6 +122,9 @@ void launch_intranode_combine(const CombineParams& p, cudaStream_t stream);
 // Both in one launch (the handle check in its first block): only where every
 // block is resident at once (no other rank on the GPU).
 void launch_intranode_check_and_combine(const NotifyParams& check, const CombineParams& p, cudaStream_t stream);
+// Their kernels and grids for `p`: parameters (p), and (check, p).
+KernelLaunch intranode_combine_launch(const CombineParams& p);
+KernelLaunch intranode_check_and_combine_launch(const CombineParams& p);
 
 // The token range [begin(c), begin(c + 1)) of channel c: contiguous, so the
 // tokens of one channel stay in source order.

@@ -18,9 +18,13 @@ __global__ void __launch_bounds__(kThreads, 1) notify_kernel(NotifyParams p) {
 
 }  // namespace
 
+KernelLaunch intranode_notify_launch() {
+  return {reinterpret_cast<const void*>(notify_kernel), dim3(1), dim3(kThreads), 0};
+}
+
 void launch_intranode_notify(const NotifyParams& p, cudaStream_t stream) {
-  notify_kernel<<<1, kThreads, 0, stream>>>(p);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {const_cast<NotifyParams*>(&p)};
+  launch(intranode_notify_launch(), args, stream);
 }
 
 }  // namespace turnout::kernels

@@ -5,24 +5,28 @@
 #include "turnout/error.hpp"
 
 namespace turnout::intranode {
-namespace {
 
-void copy_range(char* to, const char* from, int64_t begin, int64_t end, int64_t row_bytes, cudaStream_t stream) {
-  if (end <= begin) return;
-  TURNOUT_CUDA_CHECK(cudaMemcpyAsync(to + begin * row_bytes, from + begin * row_bytes, (end - begin) * row_bytes,
-                                     cudaMemcpyDeviceToDevice, stream));
+RowCopies rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes) {
+  const int64_t n = std::max<int64_t>(rows, 0);
+  const int64_t begin = std::clamp<int64_t>(skip_begin, 0, n);
+  const int64_t end = std::clamp<int64_t>(skip_begin + skip, begin, n);
+  auto* dst = static_cast<char*>(to);
+  const auto* src = static_cast<const char*>(from);
+  RowCopies c;
+  for (const auto& [first, last] : {std::pair<int64_t, int64_t>{0, begin}, {end, n}}) {
+    if (last > first)
+      c.steps[c.count++] = GraphStep::copy(dst + first * row_bytes, src + first * row_bytes,
+                                           static_cast<size_t>((last - first) * row_bytes));
+  }
+  return c;
 }
-
-}  // namespace
 
 void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
                       cudaStream_t stream) {
-  const int64_t begin = std::clamp<int64_t>(skip_begin, 0, std::max<int64_t>(rows, 0));
-  const int64_t end = std::clamp<int64_t>(skip_begin + skip, begin, std::max<int64_t>(rows, 0));
-  auto* dst = static_cast<char*>(to);
-  const auto* src = static_cast<const char*>(from);
-  copy_range(dst, src, 0, begin, row_bytes, stream);
-  copy_range(dst, src, end, rows, row_bytes, stream);
+  const RowCopies c = rows_around(to, from, rows, skip_begin, skip, row_bytes);
+  for (int i = 0; i < c.count; ++i)
+    TURNOUT_CUDA_CHECK(
+        cudaMemcpyAsync(c.steps[i].dst, c.steps[i].src, c.steps[i].bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace turnout::intranode

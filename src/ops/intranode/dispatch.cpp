@@ -1,5 +1,6 @@
 // A dispatch's data step: the tokens move into outputs sized from the counts;
 // and both steps at once where the host knows those sizes before the counts.
+#include <array>
 #include <string>
 
 #include "kernels/intranode/launch.hpp"
@@ -57,7 +58,7 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   core.check_errors(op);
 }
 
-void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
+void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, OpGraph& graph, const DispatchCountsArgs& counts,
                          const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
   const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
@@ -74,10 +75,26 @@ void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const Dispatc
   const DispatchPlan plan = check_dispatch(a, shape);
   const int32_t sequence = mailbox.next_sequence();
   core.begin_dispatch_call();
-  const kernels::NotifyParams notify = counts_params(core, counts, region, nullptr, sequence);
+  kernels::NotifyParams notify = counts_params(core, counts, region, nullptr, sequence);
   core.take_counted_rows();
-  const kernels::DispatchParams data = data_params(core, a, plan);
-  if (core.ranks_on_gpu() == 1) {
+  kernels::DispatchParams data = data_params(core, a, plan);
+  const bool one_launch = core.ranks_on_gpu() == 1;
+  // Eager calls launch through the buffer's graph (ops/op_graph.hpp); TURNOUT_OP_GRAPHS=0: one by one.
+  static const bool graphs = switched_on("TURNOUT_OP_GRAPHS");
+  if (graphs && !capturing(stream)) {
+    void* notify_args[] = {&notify};
+    void* data_args[] = {&data};
+    void* both_args[] = {&notify, &data};
+    std::array<GraphStep, 2> steps;
+    size_t n = 0;
+    if (one_launch) {
+      steps[n++] = GraphStep::launch(kernels::intranode_counts_and_dispatch_launch(data), both_args);
+    } else {
+      steps[n++] = GraphStep::launch(kernels::intranode_notify_launch(), notify_args);
+      steps[n++] = GraphStep::launch(kernels::intranode_dispatch_launch(data), data_args);
+    }
+    graph.enqueue({steps.data(), n}, stream);
+  } else if (one_launch) {
     kernels::launch_intranode_counts_and_dispatch(notify, data, stream);
   } else {
     kernels::launch_intranode_notify(notify, stream);

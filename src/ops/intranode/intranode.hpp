@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include "kernels/intranode/launch.hpp"
 #include "ops/buffer_core.hpp"
 #include "ops/intranode/check.hpp"
+#include "ops/op_graph.hpp"
 #include "runtime/cuda_resources.hpp"
 #include "turnout/intranode.hpp"
 
@@ -66,6 +68,12 @@ BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tok
 // rows from itself, which the kernels move on their own.
 void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
                       cudaStream_t stream);
+// The same copies as steps of an op's graph, none empty: at most two.
+struct RowCopies {
+  std::array<GraphStep, 2> steps;
+  int count = 0;
+};
+RowCopies rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes);
 
 // Step 1 of a dispatch: exchange the counts; unless num_worst_tokens > 0,
 // wait for them on the host (see turnout::Buffer::dispatch_counts).
@@ -80,8 +88,9 @@ void dispatch(BufferCore& core, const DispatchArgs& args, cudaStream_t stream);
 // Both steps where the receive rows are known before the counts (see
 // turnout::Buffer::dispatch_known_rows): one launch where this rank has its
 // GPU to itself.
-void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, const DispatchCountsArgs& counts,
+void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, OpGraph& graph, const DispatchCountsArgs& counts,
                          const DispatchArgs& args, cudaStream_t stream);
-void combine(BufferCore& core, const CombineArgs& args, cudaStream_t stream);
+// A staged combine enqueues its copies and launches through `graph`.
+void combine(BufferCore& core, OpGraph& graph, const CombineArgs& args, cudaStream_t stream);
 
 }  // namespace turnout::intranode
