@@ -5,7 +5,7 @@
 // in the source's stream to that rank (both from the counts step), and the
 // token's place in the channel. Then each block tells every destination it is
 // done, waits until every source's blocks are, and copies its share of the
-// small parts out; the rows from other ranks leave by the copy engine after
+// small parts out; the rows from other ranks leave by device-to-device copies after
 // the kernel (a rank's rows from itself go straight to recv_x).
 #include <cuda_runtime.h>
 

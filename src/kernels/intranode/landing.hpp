@@ -2,7 +2,7 @@
 // for every rank's receive rows, the senders store each row and its small
 // parts straight at their final positions in the receiver's landing area,
 // with no rings, so every block sends; the receiver copies its rows out
-// (copy engine) and its small parts (its blocks) once every sender is done.
+// (device-to-device copies) and its small parts (its blocks) once every sender is done.
 // The rows any rank receives are known on every rank after the counts step,
 // so every rank derives the same layout.
 #pragma once

@@ -20,8 +20,8 @@ kernels::StageGap stage_gap(const CombineArgs& a) {
 }
 
 // Where this rank's rows go before the kernels pull them: the call's stage
-// where they fit, and the copy-engine copies (several times an SM's local
-// rate) that fill it (their weights follow in the check step,
+// where they fit, and the device-to-device copies that fill it (on every SM:
+// several times the rate of the call's own SMs) (their weights follow in the check step,
 // notify_block.cuh); stage.at < 0 for the rings. The parity advances on what
 // every rank shares; the check step pulls only where every rank staged in
 // the same stage. Not in shrink mode (a rank that dies mid-call must not

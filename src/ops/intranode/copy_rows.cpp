@@ -1,4 +1,5 @@
-// The copy-engine copies of a landing dispatch's and a staged combine's rows.
+// The device-to-device copies of a landing dispatch's and a staged combine's
+// rows (the runtime runs them on the SMs: benchmarks/call_costs/copy_engines).
 #include <algorithm>
 
 #include "ops/intranode/intranode.hpp"

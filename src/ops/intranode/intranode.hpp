@@ -63,7 +63,7 @@ inline bool switched_on(const char* name) {
 // earlier calls are raised only after the launches (see turnout/buffer.hpp).
 BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tokens, int recv_tokens);
 
-// Rows [0, rows) of `from` into the same rows of `to` by the copy engine,
+// Rows [0, rows) of `from` into the same rows of `to` by device-to-device copies,
 // all but rows [skip_begin, skip_begin + skip) (clamped to them): a rank's
 // rows from itself, which the kernels move on their own.
 void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
