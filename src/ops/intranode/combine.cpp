@@ -20,9 +20,9 @@ kernels::StageGap stage_gap(const CombineArgs& a) {
 }
 
 // Where this rank's rows go before the kernels pull them: the call's stage
-// where they fit, and the device-to-device copies that fill it (on every SM:
-// several times the rate of the call's own SMs) (their weights follow in the check step,
-// notify_block.cuh); stage.at < 0 for the rings. The parity advances on what
+// where they fit, with the copies that fill it (on every SM, several times
+// the rate of the call's own); their weights follow in the check step
+// (notify_block.cuh). stage.at < 0 for the rings. The parity advances on what
 // every rank shares; the check step pulls only where every rank staged in
 // the same stage. Not in shrink mode (a rank that dies mid-call must not
 // leave the others reading its stage), nor in a CUDA graph: a graph's
