@@ -22,10 +22,10 @@ struct KernelLaunch {
 // Launches it; `args` points at each of the kernel's parameters.
 void launch(const KernelLaunch& k, void** args, cudaStream_t stream);
 
-// A copy of `bytes` by a kernel on two blocks an SM of `num_sms`:
-// parameters (const char* src, char* dst, size_t bytes); 16 bytes a thread
-// at a time where both addresses allow.
-KernelLaunch copy_bytes_launch(int num_sms);
+// A copy of `bytes` by a kernel of as many blocks as cover it in one pass
+// (four 16-byte words a thread where both addresses allow): parameters
+// (const char* src, char* dst, size_t bytes).
+KernelLaunch copy_bytes_launch(size_t bytes);
 
 struct LayoutParams {
   LayoutArgs args;

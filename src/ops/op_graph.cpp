@@ -59,19 +59,13 @@ bool same_shape(std::span<const GraphStep> a, std::span<const GraphStep> b) {
 
 cudaKernelNodeParams OpGraph::kernel_node(const GraphStep& s, CopyArgs& copy) {
   if (!s.is_copy) return kernel_params(s);
-  if (copier_.func == nullptr) {
-    int device = 0, sms = 0;
-    TURNOUT_CUDA_CHECK(cudaGetDevice(&device));
-    TURNOUT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    copier_ = kernels::copy_bytes_launch(sms);
-  }
   copy.src = static_cast<const char*>(s.src);
   copy.dst = static_cast<char*>(s.dst);
   copy.bytes = s.bytes;
   copy.args[0] = &copy.src;
   copy.args[1] = &copy.dst;
   copy.args[2] = &copy.bytes;
-  return kernel_params(GraphStep::launch(copier_, copy.args));
+  return kernel_params(GraphStep::launch(kernels::copy_bytes_launch(s.bytes), copy.args));
 }
 
 OpGraph::Built& OpGraph::make(std::span<const GraphStep> steps) {

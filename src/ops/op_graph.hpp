@@ -81,8 +81,6 @@ class OpGraph {
   // kernels::copy_bytes_launch (`copy` holds its parameters).
   cudaKernelNodeParams kernel_node(const GraphStep& s, CopyArgs& copy);
 
-  kernels::KernelLaunch copier_;  // set on the first copy
-
   std::vector<Built> built_;
   uint64_t uses_ = 0;
   int64_t made_ = 0;
