@@ -3,9 +3,12 @@
 // another stream either finishes (a copy engine moved it) or waits (a kernel
 // moves it). An op that promises to use at most num_sms SMs may only copy in
 // a way that does not need them. Each way: cudaMemcpyAsync, a graph's memcpy
-// node, and a plain copy kernel (which must wait: it shows the hold works).
+// node, a plain copy kernel (which must wait: it shows the hold works), and a
+// copy from pinned host memory (which must not: a copy engine's, it shows
+// that nothing else holds the copy back).
 // Built with the tests (turnout_call_costs_copy_engines); argv[1] megabytes
 // (comma-separated; default 2,58).
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,10 +66,36 @@ int main(int argc, char** argv) {
   cudaEvent_t done;
   CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
 
-  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel"};
+  char* host = nullptr;
+  CHECK(cudaHostAlloc(&host, most, cudaHostAllocDefault));
+  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel", "from pinned host"};
+  auto enqueue = [&](int way, size_t bytes) {
+    if (way == 0) {
+      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
+    } else if (way == 1) {
+      CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst, src, bytes, cudaMemcpyDeviceToDevice));
+      CHECK(cudaGraphLaunch(exec, other));
+    } else if (way == 3) {
+      CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, other));
+    } else {
+      copy_words<<<2 * sms, 512, 0, other>>>(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst),
+                                             bytes / 16);
+      CHECK(cudaGetLastError());
+    }
+    CHECK(cudaEventRecord(done, other));
+  };
+  using Ms = std::chrono::duration<double, std::milli>;
   for (size_t mb : megabytes) {
     const size_t bytes = mb << 20;
-    for (int way = 0; way < 3; ++way) {
+    for (int way = 0; way < 4; ++way) {
+      // The copy alone, from enqueue to its end as the host sees it (the last of three).
+      double alone = 0;
+      for (int it = 0; it < 3; ++it) {
+        const auto t0 = std::chrono::steady_clock::now();
+        enqueue(way, bytes);
+        CHECK(cudaEventSynchronize(done));
+        alone = Ms(std::chrono::steady_clock::now() - t0).count();
+      }
       *reinterpret_cast<volatile int*>(release) = 0;
       int* device_release = nullptr;
       CHECK(cudaHostGetDevicePointer(&device_release, release, 0));
@@ -74,21 +103,12 @@ int main(int argc, char** argv) {
       CHECK(cudaGetLastError());
       // Give the holding blocks time to take their SMs before the copy is enqueued.
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      if (way == 0) {
-        CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
-      } else if (way == 1) {
-        CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst, src, bytes, cudaMemcpyDeviceToDevice));
-        CHECK(cudaGraphLaunch(exec, other));
-      } else {
-        copy_words<<<2 * sms, 512, 0, other>>>(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst),
-                                               bytes / 16);
-        CHECK(cudaGetLastError());
-      }
-      CHECK(cudaEventRecord(done, other));
-      // A copy engine moves 58 MB in well under 1 ms; wait 20 ms.
+      enqueue(way, bytes);
+      // Twenty times what it took alone, at least 300 ms: a copy engine held back a while still ends.
+      const double patience = std::max(300.0, 20 * alone);
       bool finished = false;
       const auto t0 = std::chrono::steady_clock::now();
-      while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(20)) {
+      while (Ms(std::chrono::steady_clock::now() - t0).count() < patience) {
         const cudaError_t q = cudaEventQuery(done);
         if (q == cudaSuccess) {
           finished = true;
@@ -96,12 +116,13 @@ int main(int argc, char** argv) {
         }
         if (q != cudaErrorNotReady) CHECK(q);
       }
+      const double held_ms = Ms(std::chrono::steady_clock::now() - t0).count();
       const bool hold_running = cudaStreamQuery(held) == cudaErrorNotReady;
       *reinterpret_cast<volatile int*>(release) = 1;
       CHECK(cudaStreamSynchronize(held));
       CHECK(cudaStreamSynchronize(other));
-      std::printf("%4zu MB  %-18s  %s%s\n", mb, names[way],
-                  finished ? "finished while every SM was held: needs no SM" : "waited for the SMs: runs on SMs",
+      std::printf("%4zu MB  %-18s  alone %7.3f ms; SMs held: %s after %.1f ms%s\n", mb, names[way], alone,
+                  finished ? "finished (needs no SM)" : "still waiting (runs on SMs)", held_ms,
                   hold_running ? "" : "  (the hold had ended: no answer)");
     }
   }

@@ -2,9 +2,10 @@
 // BF16: 14336 bytes a row) by row count: cudaMemcpyAsync, the same copy as a
 // graph's memcpy node (set anew each call, as an op's graph does), and a
 // plain copy kernel (16-byte words, every SM), eager and as a graph's kernel
-// node; then the kernel with four words a lane in flight, and on the 24 or 12
-// SMs an op's config allows. Whether the runtime's copies need SMs at all:
-// copy_engines.
+// node; then the kernel with four words a lane in flight, on the 24 or 12
+// SMs an op's config allows, and in one pass of as many blocks as the words
+// need (plain or streaming loads and stores). Whether the runtime's copies
+// need SMs at all: copy_engines.
 // Built with the tests (turnout_call_costs_copy_sizes); argv[1] row counts
 // (comma-separated, at most 8192; default a sweep).
 #include <cstdlib>
@@ -31,6 +32,26 @@ __global__ void copy_four_words(const int4* __restrict__ src, int4* __restrict__
     for (int k = 0; k < 4; ++k) dst[i + k * stride] = w[k];
   }
   for (; i < words; i += stride) dst[i] = src[i];
+}
+
+// One pass: as many blocks as cover every word, four words a lane, with
+// streaming (evict-first) loads and stores where `streaming`.
+template <bool streaming>
+__global__ void copy_one_pass(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  int4 w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (i + k * stride < words) w[k] = streaming ? __ldcs(src + i + k * stride) : src[i + k * stride];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (i + k * stride < words) {
+      if (streaming)
+        __stcs(dst + i + k * stride, w[k]);
+      else
+        dst[i + k * stride] = w[k];
+    }
 }
 
 int main(int argc, char** argv) {
@@ -71,9 +92,9 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  const char* names[] = {"cudaMemcpyAsync", "graph memcpy node", "copy kernel",     "graph copy kernel",
-                         "4 words a lane",  "kernel on 24 SMs",  "kernel on 12 SMs"};
-  const int ways = 7;
+  const char* names[] = {"cudaMemcpyAsync",  "graph memcpy node", "copy kernel", "graph copy kernel",  "4 words a lane",
+                         "kernel on 24 SMs", "kernel on 12 SMs",  "one pass",    "one pass, streaming"};
+  const int ways = 9;
   std::printf("%-8s %-12s", "rows", "MB");
   for (const char* n : names) std::printf(" | %22s", n);
   std::printf("   (device us, median of 50; GB/s read)\n");
@@ -98,9 +119,15 @@ int main(int argc, char** argv) {
           CHECK(cudaGraphLaunch(kernel_exec, s));
         } else if (way == 4) {
           copy_four_words<<<grid, block, 0, s>>>(words_src, words_dst, words);
-        } else {
+        } else if (way <= 6) {
           // Two blocks an SM, as the op's num_sms would allow.
           copy_words<<<way == 5 ? 48 : 24, 1024, 0, s>>>(words_src, words_dst, words);
+        } else {
+          const unsigned blocks = static_cast<unsigned>((words + 4 * 256 - 1) / (4 * 256));
+          if (way == 7)
+            copy_one_pass<false><<<blocks, 256, 0, s>>>(words_src, words_dst, words);
+          else
+            copy_one_pass<true><<<blocks, 256, 0, s>>>(words_src, words_dst, words);
         }
         CHECK(cudaEventRecord(e1, s));
         CHECK(cudaEventSynchronize(e1));
