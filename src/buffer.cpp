@@ -23,6 +23,7 @@ struct Buffer::State {
   layout::Workspaces layout;
   intranode::CountsMailbox intranode;
   OpGraph dispatch_graph;
+  OpGraph landing_graph;
   OpGraph combine_graph;
   internode::State internode;
 };
@@ -59,6 +60,7 @@ void Buffer::destroy() {
       state.layout.release();
       state.intranode.release();
       state.dispatch_graph.release();
+      state.landing_graph.release();
       state.combine_graph.release();
       state.internode.release();
     }
@@ -112,7 +114,7 @@ DispatchCounts Buffer::dispatch_counts(const DispatchCountsArgs& args, cudaStrea
 }
 
 void Buffer::dispatch(const DispatchArgs& args, cudaStream_t stream) {
-  intranode::dispatch(state_->core, args, stream);
+  intranode::dispatch(state_->core, state_->landing_graph, args, stream);
 }
 
 void Buffer::dispatch_known_rows(const DispatchCountsArgs& counts, const DispatchArgs& args, cudaStream_t stream) {

@@ -167,15 +167,16 @@ __global__ void __launch_bounds__(kThreads, 1) landing_dispatch_kernel(DispatchP
 
 }  // namespace
 
+KernelLaunch intranode_landing_dispatch_launch(const DispatchParams& p) {
+  const void* kernel = p.peers.num_ranks <= 2   ? reinterpret_cast<const void*>(landing_dispatch_kernel<2>)
+                       : p.peers.num_ranks <= 4 ? reinterpret_cast<const void*>(landing_dispatch_kernel<4>)
+                                                : reinterpret_cast<const void*>(landing_dispatch_kernel<8>);
+  return {kernel, dim3(p.region.num_channels * 2), dim3(kThreads), 0};
+}
+
 void launch_intranode_landing_dispatch(const DispatchParams& p, cudaStream_t stream) {
-  const int blocks = p.region.num_channels * 2;
-  if (p.peers.num_ranks <= 2)
-    landing_dispatch_kernel<2><<<blocks, kThreads, 0, stream>>>(p);
-  else if (p.peers.num_ranks <= 4)
-    landing_dispatch_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
-  else
-    landing_dispatch_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
-  TURNOUT_CUDA_CHECK(cudaGetLastError());
+  void* args[] = {const_cast<DispatchParams*>(&p)};
+  launch(intranode_landing_dispatch_launch(p), args, stream);
 }
 
 }  // namespace turnout::kernels

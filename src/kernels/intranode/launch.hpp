@@ -91,6 +91,7 @@ void launch_intranode_dispatch(const DispatchParams& p, cudaStream_t stream);
 // The data step through the landing areas (landing.hpp); recv_x is the caller's
 // copy to make once it ends.
 void launch_intranode_landing_dispatch(const DispatchParams& p, cudaStream_t stream);
+KernelLaunch intranode_landing_dispatch_launch(const DispatchParams& p);
 // Both in one launch, the counts step in its first block, whose other blocks
 // wait for it: only where every block is resident at once (no other rank on
 // the GPU), and with no host wait between the steps (mailbox null).

@@ -101,10 +101,7 @@ void combine(BufferCore& core, OpGraph& graph, const CombineArgs& a, cudaStream_
     }
     graph.enqueue({steps.data(), static_cast<size_t>(n)}, stream);
   } else {
-    for (int i = 0; i < staged.copies.count; ++i) {
-      const GraphStep& c = staged.copies.steps[i];
-      TURNOUT_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream));
-    }
+    copy_one_by_one(staged.copies, stream);
     if (one_launch) {
       kernels::launch_intranode_check_and_combine(check, data, stream);
     } else {

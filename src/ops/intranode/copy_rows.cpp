@@ -22,12 +22,11 @@ RowCopies rows_around(void* to, const void* from, int64_t rows, int64_t skip_beg
   return c;
 }
 
-void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
-                      cudaStream_t stream) {
-  const RowCopies c = rows_around(to, from, rows, skip_begin, skip, row_bytes);
-  for (int i = 0; i < c.count; ++i)
-    TURNOUT_CUDA_CHECK(
-        cudaMemcpyAsync(c.steps[i].dst, c.steps[i].src, c.steps[i].bytes, cudaMemcpyDeviceToDevice, stream));
+void copy_one_by_one(const RowCopies& copies, cudaStream_t stream) {
+  for (int i = 0; i < copies.count; ++i) {
+    const GraphStep& c = copies.steps[i];
+    TURNOUT_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream));
+  }
 }
 
 }  // namespace turnout::intranode

@@ -38,7 +38,7 @@ kernels::DispatchLanding landing_for(const BufferCore& core, const BufferCore::C
 
 }  // namespace
 
-void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
+void dispatch(BufferCore& core, OpGraph& graph, const DispatchArgs& a, cudaStream_t stream) {
   const char* op = "dispatch";
   const BufferShape shape = begin_op(core, op, a.num_sms, a.num_max_send_tokens, a.num_max_recv_tokens);
   const DispatchPlan plan = check_dispatch(a, shape);
@@ -49,11 +49,23 @@ void dispatch(BufferCore& core, const DispatchArgs& a, cudaStream_t stream) {
   if (data.landing.x < 0) {
     kernels::launch_intranode_dispatch(data, stream);
   } else {
-    kernels::launch_intranode_landing_dispatch(data, stream);
     // The rank's rows from itself went straight into recv_x.
+    RowCopies copies;
     if (a.out.recv_x != nullptr)
-      copy_rows_around(a.out.recv_x, static_cast<char*>(core.local_nvl_buffer()) + data.landing.x, a.num_recv_rows,
-                       rows.own_begin, rows.own, a.row_bytes, stream);
+      copies = rows_around(a.out.recv_x, static_cast<char*>(core.local_nvl_buffer()) + data.landing.x, a.num_recv_rows,
+                           rows.own_begin, rows.own, a.row_bytes);
+    // Eager calls enqueue the launch and its copies as one graph (ops/op_graph.hpp); TURNOUT_OP_GRAPHS=0: one by one.
+    static const bool graphs = switched_on("TURNOUT_OP_GRAPHS");
+    if (graphs && !capturing(stream)) {
+      void* data_args[] = {&data};
+      std::array<GraphStep, 3> steps;
+      steps[0] = GraphStep::launch(kernels::intranode_landing_dispatch_launch(data), data_args);
+      for (int i = 0; i < copies.count; ++i) steps[1 + i] = copies.steps[i];
+      graph.enqueue({steps.data(), static_cast<size_t>(1 + copies.count)}, stream);
+    } else {
+      kernels::launch_intranode_landing_dispatch(data, stream);
+      copy_one_by_one(copies, stream);
+    }
   }
   core.check_errors(op);
 }

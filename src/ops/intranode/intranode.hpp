@@ -63,17 +63,17 @@ inline bool switched_on(const char* name) {
 // earlier calls are raised only after the launches (see turnout/buffer.hpp).
 BufferShape begin_op(BufferCore& core, const char* op, int num_sms, int send_tokens, int recv_tokens);
 
-// Rows [0, rows) of `from` into the same rows of `to` by device-to-device copies,
-// all but rows [skip_begin, skip_begin + skip) (clamped to them): a rank's
-// rows from itself, which the kernels move on their own.
-void copy_rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes,
-                      cudaStream_t stream);
-// The same copies as steps of an op's graph, none empty: at most two.
+// The copies of rows [0, rows) of `from` into the same rows of `to`, all but
+// rows [skip_begin, skip_begin + skip) (clamped to them): a rank's rows from
+// itself, which the kernels move on their own. As steps of an op's graph,
+// none empty: at most two.
 struct RowCopies {
   std::array<GraphStep, 2> steps;
   int count = 0;
 };
 RowCopies rows_around(void* to, const void* from, int64_t rows, int64_t skip_begin, int64_t skip, int64_t row_bytes);
+// The copies one by one (cudaMemcpyAsync), where no graph takes them.
+void copy_one_by_one(const RowCopies& copies, cudaStream_t stream);
 
 // Step 1 of a dispatch: exchange the counts; unless num_worst_tokens > 0,
 // wait for them on the host (see turnout::Buffer::dispatch_counts).
@@ -84,7 +84,8 @@ kernels::NotifyParams counts_params(BufferCore& core, const DispatchCountsArgs& 
                                     const kernels::IntranodeRegion& region, kernels::RecvCountsMailbox* mailbox,
                                     int32_t sequence);
 // Step 2: move the tokens.
-void dispatch(BufferCore& core, const DispatchArgs& args, cudaStream_t stream);
+// A landing dispatch enqueues its launch and copies through `graph`.
+void dispatch(BufferCore& core, OpGraph& graph, const DispatchArgs& args, cudaStream_t stream);
 // Both steps where the receive rows are known before the counts (see
 // turnout::Buffer::dispatch_known_rows): one launch where this rank has its
 // GPU to itself.
