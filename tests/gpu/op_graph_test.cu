@@ -2,7 +2,8 @@
 // sizes and alignments, each followed by a launch, through one graph that is
 // set anew each call. The copy kernel's grid follows the copy's size, so the
 // graph must take a new grid when set, not be made again: graphs_made counts.
-// Prints "N passed, 0 failed"; exit 1 on any failure. Run by test_op_graph.py.
+// A launch before copies makes them wait for it. Prints "N passed, 0
+// failed"; exit 1 on any failure. Run by test_op_graph.py.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -13,6 +14,17 @@
 #include "ops/op_graph.hpp"
 
 namespace {
+
+// Sets bytes [0, n) of p to `value`, slowly enough that a copy not made to
+// wait for it would read the bytes before.
+__global__ void fill_slowly(unsigned char* p, size_t n, unsigned char value) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < 200000) {
+  }
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
 
 __global__ void bump(int* counter) {
   atomicAdd(counter, 1);
@@ -115,6 +127,30 @@ int main() {
     expect(gap, what + ": the 16 bytes between them untouched");
   }
   expect(two.graphs_made() == 1, "two copies: one graph, made " + std::to_string(two.graphs_made()));
+
+  // A launch, then two copies of what it wrote (a landing dispatch's shape):
+  // the copies wait for the launch, in each call of the graph.
+  turnout::OpGraph after;
+  const turnout::kernels::KernelLaunch fill{reinterpret_cast<const void*>(fill_slowly), dim3(132), dim3(256), 0};
+  const size_t half = 1000 * 14336;
+  for (unsigned char value : {0x5a, 0xa5, 0x3c}) {
+    CUDA(cudaMemset(dst, 0, 2 * half + 64));
+    unsigned char* target = reinterpret_cast<unsigned char*>(src);
+    size_t n = 2 * half + 64;
+    void* fill_args[] = {&target, &n, &value};
+    const turnout::GraphStep steps[] = {turnout::GraphStep::launch(fill, fill_args),
+                                        turnout::GraphStep::copy(dst, src, half),
+                                        turnout::GraphStep::copy(dst + half + 64, src + half + 64, half)};
+    after.enqueue(steps, stream);
+    CUDA(cudaStreamSynchronize(stream));
+    CUDA(cudaMemcpy(back.data(), dst, 2 * half + 64, cudaMemcpyDeviceToHost));
+    bool filled = true, gap = true;
+    for (size_t i = 0; i < half; ++i) filled &= back[i] == value && back[half + 64 + i] == value;
+    for (size_t i = half; i < half + 64; ++i) gap &= back[i] == 0;
+    expect(filled, "copies after a launch: every byte the launch's value " + std::to_string(value));
+    expect(gap, "copies after a launch: the 64 bytes between them untouched");
+  }
+  expect(after.graphs_made() == 1, "a launch and two copies: one graph, made " + std::to_string(after.graphs_made()));
   CUDA(cudaGetLastError());
   std::printf("%d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
