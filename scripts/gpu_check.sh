@@ -14,6 +14,8 @@
 #   RINGS=1                also bench this tree with every intranode op on its rings
 #                          (TURNOUT_COMBINE_STAGES=0 TURNOUT_DISPATCH_LANDING=0), before and
 #                          after the default bench, into bench-rings-{1,2}.json
+#   GRAPHS_OFF=1           also bench this tree with every op's calls enqueued one by one
+#                          (TURNOUT_OP_GRAPHS=0), after the default bench, into bench-graphs-off.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-build/out}"
@@ -96,16 +98,22 @@ if [ "$bench_args" != none ]; then
   bench_status=$?
 fi
 [ "$bench_args" != none ] && [ -n "${RINGS:-}" ] && rings_bench 2
+graphs_off_status=skipped
+if [ "$bench_args" != none ] && [ -n "${GRAPHS_OFF:-}" ]; then
+  (cd /tmp && TURNOUT_OP_GRAPHS=0 python3 -m turnout.bench $bench_args --json "$out/bench-graphs-off.json") \
+    > "$out/bench-graphs-off.log" 2>&1
+  graphs_off_status=$?
+fi
 
 echo "== test.log (tail)"; tail -n 40 "$out/test.log"
 for n in $suite_ranks; do echo "== suite-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/suite-$n.log"; done
 for n in $shared_ranks; do echo "== shared-$n.log (FAIL/SKIP lines)"; grep -E "^(FAIL|SKIP) " "$out/shared-$n.log" 2>/dev/null; done
 [ -f "$out/bench-baseline.log" ] && { echo "== bench-baseline.log (tail)"; tail -n 40 "$out/bench-baseline.log"; }
-for f in "$out"/bench-rings-*.log; do [ -f "$f" ] && { echo "== $(basename "$f") (tail)"; tail -n 40 "$f"; }; done
+for f in "$out"/bench-rings-*.log "$out"/bench-graphs-off.log; do [ -f "$f" ] && { echo "== $(basename "$f") (tail)"; tail -n 40 "$f"; }; done
 [ -f "$out/bench.log" ] && { echo "== bench.log (tail)"; tail -n 40 "$out/bench.log"; }
 echo "== summary"
 cat "$out/gpus.txt"
 grep -E "tests passed|passed, .* failed|[0-9]+ passed|FAIL |GPU suite:" "$out/test.log" | tail -n 8
 for line in "${suite_lines[@]}"; do echo "$line"; done
 echo "scripts/test.sh: exit $test_status after ${test_s} s; bench: exit $bench_status; baseline bench: exit $baseline_status;" \
-  "rings bench: $rings_status"
+  "rings bench: $rings_status; graphs-off bench: $graphs_off_status"

@@ -1,6 +1,7 @@
-"""scripts/gpu_check.sh's shared-GPU runs, driven through a fake nvidia-smi
-and python3 (no GPU here): side by side, one GPU each, where the host has a
-GPU for each rank count; else in turns on GPU 0."""
+"""scripts/gpu_check.sh driven through a fake nvidia-smi and python3 (no GPU
+here): its shared-GPU runs side by side, one GPU each, where the host has a
+GPU for each rank count, else in turns on GPU 0; and GRAPHS_OFF's second
+bench with the calls one by one."""
 import os
 import subprocess
 from pathlib import Path
@@ -74,3 +75,44 @@ def test_shared_runs_in_turns_on_gpu_0_without_a_gpu_each(tmp_path):
     assert not overlap(runs[2], runs[4]) and not overlap(runs[4], runs[8]) and not overlap(runs[2], runs[8])
     for n in (2, 4, 8):
         assert f"GPU suite --ranks {n}, all on GPU 0: exit 0" in stdout
+
+
+# Records each bench run: TURNOUT_OP_GRAPHS (or "-") and its arguments.
+FAKE_BENCH_PYTHON = """#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = turnout.bench ]; then
+  echo "${{TURNOUT_OP_GRAPHS:--}} $*" >> "{record}"
+fi
+exit 0
+"""
+
+
+def bench_runs(tmp_path: Path, graphs_off: bool):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "bench.txt"
+    for name, text in (("nvidia-smi", FAKE_SMI.format(gpus=1)), ("python3", FAKE_BENCH_PYTHON.format(record=record))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               SKIP_TEST_SH="1", SUITE_RANKS="", SHARED_RANKS="", BENCH_ARGS="host")
+    env.pop("GRAPHS_OFF", None)
+    if graphs_off:
+        env["GRAPHS_OFF"] = "1"
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return record.read_text().splitlines(), done.stdout
+
+
+def test_graphs_off_adds_a_bench_with_the_calls_one_by_one(tmp_path):
+    runs, stdout = bench_runs(tmp_path, graphs_off=True)
+    assert len(runs) == 2, runs
+    assert runs[0].startswith("- -m turnout.bench host --json ") and runs[0].endswith("/bench.json")
+    assert runs[1].startswith("0 -m turnout.bench host --json ") and runs[1].endswith("/bench-graphs-off.json")
+    assert "graphs-off bench: 0" in stdout
+
+
+def test_without_graphs_off_one_bench(tmp_path):
+    runs, stdout = bench_runs(tmp_path, graphs_off=False)
+    assert len(runs) == 1 and runs[0].startswith("- -m turnout.bench host"), runs
+    assert "graphs-off bench: skipped" in stdout
