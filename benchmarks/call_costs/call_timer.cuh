@@ -1,5 +1,6 @@
 // What the call-cost programs share: a check that ends the program on a CUDA
-// error, a kernel that keeps a stream busy, and the host-side timing loop.
+// error, a kernel that keeps a stream busy, a plain copy kernel, a kernel with
+// an op's parameters, and the host-side timing loop.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +26,21 @@ __global__ void spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
+}
+
+// 16-byte words from src to dst, a grid-stride loop.
+__global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+// The size of the combine kernel's parameters, about.
+struct OpParams {
+  char bytes[1200];
+};
+__global__ void op_kernel(const __grid_constant__ OpParams p) {
+  if (threadIdx.x == 9999) printf("%d", p.bytes[0]);
 }
 
 struct HostTimes {

@@ -8,10 +8,6 @@
 
 #include "call_timer.cuh"
 
-__global__ void copy16(const int4* __restrict__ s, int4* __restrict__ d, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    d[i] = s[i];
-}
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 1;
   size_t bytes = 64 << 20;
@@ -43,7 +39,7 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   size_t n = 4 << 20;
   cudaFunction_t copy_fn;
-  CHECK(cudaGetFuncBySymbol(&copy_fn, reinterpret_cast<const void*>(copy16)));
+  CHECK(cudaGetFuncBySymbol(&copy_fn, reinterpret_cast<const void*>(copy_words)));
   const int4* copy_src = reinterpret_cast<const int4*>(src);
   int4* copy_dst = reinterpret_cast<int4*>(dst);
   size_t copy_n = 16;
@@ -57,7 +53,7 @@ int main(int argc, char** argv) {
       {"cuMemcpyDtoDAsync into VMM", [&] { CHECK(cuMemcpyDtoDAsync(vp, (CUdeviceptr)src, n, (CUstream)s)); }},
       {"cudaMemcpy2DAsync 2 rows",
        [&] { CHECK(cudaMemcpy2DAsync(dst, n, src, n, n / 2, 2, cudaMemcpyDeviceToDevice, s)); }},
-      {"copy kernel launch", [&] { copy16<<<4, 256, 0, s>>>((const int4*)src, (int4*)dst, 16); }},
+      {"copy kernel launch", [&] { copy_words<<<4, 256, 0, s>>>((const int4*)src, (int4*)dst, 16); }},
       {"copy kernel cuLaunchKernel",
        [&] { CHECK(cuLaunchKernel((CUfunction)copy_fn, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, copy_args, nullptr)); }},
   };

@@ -27,12 +27,6 @@ __global__ void __launch_bounds__(kHoldThreads) hold(const volatile int* release
   }
 }
 
-__global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -14,12 +14,6 @@
 
 #include "call_timer.cuh"
 
-__global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
-}
-
 // Four words a lane loaded before any is stored.
 __global__ void copy_four_words(const int4* __restrict__ src, int4* __restrict__ dst, size_t words) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;

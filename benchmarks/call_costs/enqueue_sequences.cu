@@ -9,14 +9,6 @@
 
 #include "call_timer.cuh"
 
-// The size of the combine kernel's parameters, about.
-struct Params {
-  char bytes[1200];
-};
-__global__ void op_kernel(const __grid_constant__ Params p) {
-  if (threadIdx.x == 9999) printf("%d", p.bytes[0]);
-}
-
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 2;
   const size_t copy_bytes = 50 << 20;  // rows of a combine at 4096 tokens, EP2
@@ -25,7 +17,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&dst, 2 * copy_bytes));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Params params{};
+  OpParams params{};
   auto launch = [&] { op_kernel<<<24, 768, 0, s>>>(params); };
   // A middle rank's two copies: the rows before its own and those after.
   auto copy = [&](int which) {

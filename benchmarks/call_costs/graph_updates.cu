@@ -10,14 +10,6 @@
 
 #include "call_timer.cuh"
 
-// The size of the combine kernel's parameters, about.
-struct Params {
-  char bytes[1200];
-};
-__global__ void op_kernel(const __grid_constant__ Params p) {
-  if (threadIdx.x == 9999) printf("%d", p.bytes[0]);
-}
-
 struct Way {
   const char* name;
   std::function<void(int)> call;  // the argument: which buffers, so that each call's arguments differ
@@ -31,7 +23,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&dst, 4 * copy_bytes));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Params params{};
+  OpParams params{};
   void* kernel_args[] = {&params};
   const dim3 grid(24), block(768);
   auto at = [&](char* base, int call, int part) { return base + ((call + part) % 4) * copy_bytes; };

@@ -64,7 +64,7 @@ class OpGraph {
   struct Built {
     std::vector<GraphStep> shape;
     std::vector<cudaGraphNode_t> nodes;
-    Graph graph;
+    Graph graph;  // kept: a set names each node by its handle in this graph
     GraphExec exec;
     uint64_t last_use = 0;
   };

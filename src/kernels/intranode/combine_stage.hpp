@@ -44,8 +44,8 @@ __host__ __device__ inline CombineStage combine_stage(int64_t region_total, int6
 // The most bytes of a rank's own rows that its stage copy takes along where
 // they lie between other ranks' rows: one copy then replaces two, about 5 us
 // less of host time (benchmarks/call_costs), for at most this many more bytes
-// to copy, about 2 us of the GPU. Small calls, where the
-// host sets the pace, fall under it; large ones keep the two copies.
+// to copy, about 2 us of the GPU. Small calls, where the host sets the pace,
+// fall under it; large ones keep the two copies.
 inline constexpr int64_t kOwnRowsCopiedBytes = 2 << 20;
 
 // The range of x's rows the stage copy leaves out, [begin, begin + count):
