@@ -40,6 +40,9 @@ COLUMNS = [
 
 HIDDEN, NUM_EXPERTS, NUM_TOPK = 7168, 256, 8
 MAIN_TOKENS, MAIN_SMS = 4096, 24
+# DeepEP's default Buffer.num_sms: few enough channels that a dispatch past its
+# counts lands its rows (no rings), so its host time is that path's.
+DEFAULT_SMS = 20
 SWEEP_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 SWEEP_SMS = (8, 12, 16, 20, 24, 32)
 # The config's send chunk (num_max_nvl_chunked_send_tokens): the bench's own,
@@ -99,7 +102,8 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
                tokens: int = MAIN_TOKENS) -> List[Dict]:
     """CPU time of one call, without the host's wait for the receive counts:
     dispatch with num_worst_tokens (no wait), dispatch without it (its wait,
-    as the native layer timed it, taken off), and combine. Calls come in
+    as the native layer timed it, taken off; at MAIN_SMS on the rings and at
+    DEFAULT_SMS through the landing areas), and combine. Calls come in
     bursts of ``BURST`` after the GPU drains and the ranks meet: "host us" is
     the median over the calls after the first of a burst (the host runs ahead
     of the GPU, as in a training step), "host us after sync" the median of the
@@ -136,18 +140,22 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
     combine_args = (out[0].data_ptr(), out[0].shape[0], HIDDEN, 0, 0, 0, 0, handle[0].data_ptr(), handle[1].data_ptr(),
                     handle[3].data_ptr(), handle[4].data_ptr(), tokens, config, combined_x.data_ptr(), 0,
                     *handle._own_rows, caller, None, None)
-    # (call, whether it waits for the counts on the host); the joins are what a
+    default_layout = dict(layout, config=config_for(DEFAULT_SMS))
+    # (call, whether it waits for the counts on the host, SMs); the joins are what a
     # plain op paid before it ran on the caller's stream, and one on a stream switch does.
-    calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),
-             "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False),
-             "dispatch bf16, outputs only": (outputs, False),
-             "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
-             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False),
-             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[2], config=config), False),
-             "combine bf16, native call only": (lambda: native.combine(*combine_args), False),
-             "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False)}
+    calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False, MAIN_SMS),
+             "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False, MAIN_SMS),
+             "dispatch bf16, outputs only": (outputs, False, MAIN_SMS),
+             "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True, MAIN_SMS),
+             "dispatch bf16, counts waited for, landing": (lambda: buffer.dispatch(x, **default_layout), True,
+                                                           DEFAULT_SMS),
+             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False, MAIN_SMS),
+             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[2], config=config), False,
+                                             MAIN_SMS),
+             "combine bf16, native call only": (lambda: native.combine(*combine_args), False, MAIN_SMS),
+             "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False, MAIN_SMS)}
     rows = []
-    for op, (fn, waits) in calls.items():
+    for op, (fn, waits, num_sms) in calls.items():
         if only is not None and op not in only:
             continue
         first, warm = [], []
@@ -160,8 +168,8 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
                 host_s = time.perf_counter() - start - (native.last_host_wait_s if waits else 0)
                 (warm if i else first).append(host_s * 1e6)
         torch.cuda.synchronize()
-        rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": tokens, "num_sms": MAIN_SMS,
-                     "sms_used": min(MAIN_SMS, native.sm_budget), "host_us": statistics.median(warm),
+        rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": tokens, "num_sms": num_sms,
+                     "sms_used": min(num_sms, native.sm_budget), "host_us": statistics.median(warm),
                      "host_us_after_sync": statistics.median(first)})
     return rows
 
