@@ -89,6 +89,9 @@ const char* Buffer::peer_memory_kind() const {
 int Buffer::ranks_on_gpu() const {
   return state_->core.ranks_on_gpu();
 }
+bool Buffer::one_launch() const {
+  return state_->core.one_launch();
+}
 size_t Buffer::num_nvl_bytes() const {
   return state_->core.options().num_nvl_bytes;
 }

@@ -92,6 +92,11 @@ class Buffer {
   const char* peer_memory_kind() const;
   // Ranks of the NVL domain on this rank's GPU, this one included.
   int ranks_on_gpu() const;
+  // Whether an intranode dispatch with its receive rows known, and a combine,
+  // run their two steps as one launch: where ranks_on_gpu() is 1, or where
+  // TURNOUT_ONE_LAUNCH=1 (set on every rank) says the sharing ranks' blocks
+  // fit on the GPU at once.
+  bool one_launch() const;
   size_t num_nvl_bytes() const;
   cudaStream_t comm_stream() const;
   // The user-visible part of this rank's NVL buffer (num_nvl_bytes bytes).

@@ -77,6 +77,7 @@ BufferClass bind_buffer(nb::module_& m) {
       .def_prop_ro("shrink_timeout_s", &Buffer::shrink_timeout_s)
       .def_prop_ro("sm_budget", &Buffer::sm_budget)
       .def_prop_ro("ranks_on_gpu", &Buffer::ranks_on_gpu)
+      .def_prop_ro("one_launch", &Buffer::one_launch)
       .def_prop_ro("destroyed", &Buffer::destroyed)
       .def_prop_ro("last_host_wait_s", &Buffer::last_host_wait_s)
       .def_prop_ro("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); })

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/internode/launch.hpp"
@@ -156,6 +157,8 @@ BufferCore::BufferCore(Bootstrap& bootstrap, const BufferOptions& options)
   }
   sm_budget_ = turnout::sm_budget(host);
   ranks_on_gpu_ = turnout::ranks_on_gpu(host, host_index);
+  const char* one_launch = std::getenv("TURNOUT_ONE_LAUNCH");
+  one_launch_ = ranks_on_gpu_ == 1 || (one_launch && std::string_view(one_launch) == "1");
   first_peer_rank_ = over_nvshmem ? 0 : topology_.nvl_peer_rank(0);
 
   if (options.comm_stream) {

@@ -41,6 +41,8 @@ class BufferCore {
   double timeout_s() const { return timeout_s_; }
   int sm_budget() const { return sm_budget_; }
   int ranks_on_gpu() const { return ranks_on_gpu_; }
+  // Buffer::one_launch (every block of the launch resident at once).
+  bool one_launch() const { return one_launch_; }
   cudaStream_t comm_stream() const { return comm_stream_; }
   const PeerMemory& nvl() const { return *nvl_; }
   void* local_nvl_buffer() const;
@@ -163,6 +165,7 @@ class BufferCore {
   CountedRows counted_rows_;
   int sm_budget_ = 2;
   int ranks_on_gpu_ = 1;
+  bool one_launch_ = true;
 };
 
 }  // namespace turnout

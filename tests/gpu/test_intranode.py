@@ -3,6 +3,8 @@ every shape, BF16 and FP8, with and without top-k, the stream options, cached
 dispatch, determinism, the ops of one buffer on two streams ordering
 themselves, and num_worst_tokens in a CUDA graph."""
 
+import os
+
 import torch
 
 import turnout
@@ -216,6 +218,49 @@ def test_worst_tokens_with_stages(ctx):
                 assert out[4]._own_rows == (-1, 0), f"{what}: own rows {out[4]._own_rows}"
                 back = combine(buf, it_case, n, ctx.rank, out, ctx.device, worst=worst)
                 check_combine(back, reference_combine(it_case, n, refs, ctx.rank), it_case, what)
+
+
+def test_one_launch_with_ranks_sharing(ctx):
+    """The launch of a rank with its GPU to itself, run by two ranks sharing
+    one (TURNOUT_ONE_LAUNCH=1): dispatch with num_worst_tokens (counts and data
+    step in one kernel), a cached dispatch (so too), and combine (handle check
+    and combine in one kernel) staged and on the rings, each against the
+    reference."""
+    if not ctx.shares_gpu:
+        ctx.skip("ranks have GPUs of their own: every other test runs this launch")
+    os.environ["TURNOUT_ONE_LAUNCH"] = "1"
+    try:
+        for n, g in ctx.each_group():
+            if n != 2:
+                continue
+            rings_only = nvl_bytes(HIDDEN_MAX, n)
+            for room in (stage_room(8192, HIDDEN_MAX, n), 0):
+                with ctx.buffer(g, num_nvl_bytes=rings_only + room) as buf:
+                    assert buf._native.one_launch, f"n={n}: TURNOUT_ONE_LAUNCH=1 left two launches"
+                    for case in CASES:
+                        what = f"n={n} {case}, {'stages' if room else 'rings'}"
+                        inputs, _, out = round_trip(ctx, buf, case, n, what)
+                        new_x = [torch.randn(case.tokens_of(r), case.hidden,
+                                             generator=torch.Generator().manual_seed(100 + r)).bfloat16()
+                                 for r in range(n)]
+                        if not case.fp8:
+                            cached = reference_dispatch(case, n, inputs, x_override=new_x, only_rank=ctx.rank)
+                            recv_x = buf.dispatch(x_on_device(new_x[ctx.rank], ctx.device), handle=out[4])[0]
+                            assert_equal(recv_x.view(torch.uint8), cached[ctx.rank].recv_x,
+                                         f"{what}: cached dispatch recv_x")
+                        if case.topk:
+                            worst = case.tokens * n
+                            refs = reference_dispatch(case, n, inputs, only_rank=ctx.rank)
+                            what += f", num_worst_tokens {worst}"
+                            out = dispatch(buf, case, inputs[ctx.rank], ctx.device, num_worst_tokens=worst)
+                            check_dispatch(out, refs[ctx.rank], case, what, worst=worst)
+                            back = combine(buf, case, n, ctx.rank, out, ctx.device, worst=worst)
+                            check_combine(back, reference_combine(case, n, refs, ctx.rank), case, what)
+    finally:
+        del os.environ["TURNOUT_ONE_LAUNCH"]
+
+
+test_one_launch_with_ranks_sharing.timeout = 300
 
 
 def test_stream_options_and_cached_dispatch(ctx):

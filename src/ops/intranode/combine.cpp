@@ -81,8 +81,8 @@ void combine(BufferCore& core, OpGraph& graph, const CombineArgs& a, cudaStream_
   // With few channels the send blocks skip this rank's own rows (see kOwnRowsDirectMaxChannels).
   const bool own_rows_direct = plan.region.num_channels <= kernels::kOwnRowsDirectMaxChannels;
   kernels::CombineParams data{peers, plan.region, plan.slot, a, ctx, own_rows_direct, stage};
-  // One launch where no other rank shares the GPU (every block resident at once).
-  const bool one_launch = core.ranks_on_gpu() == 1;
+  // One launch where every block is resident at once (BufferCore::one_launch).
+  const bool one_launch = core.one_launch();
   // Eager calls enqueue their copies and launches as one graph; a staged
   // combine is never under capture (plan_stage). TURNOUT_OP_GRAPHS=0: one by one.
   static const bool graphs = switched_on("TURNOUT_OP_GRAPHS");

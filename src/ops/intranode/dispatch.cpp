@@ -90,7 +90,7 @@ void dispatch_known_rows(BufferCore& core, CountsMailbox& mailbox, OpGraph& grap
   kernels::NotifyParams notify = counts_params(core, counts, region, nullptr, sequence);
   core.take_counted_rows();
   kernels::DispatchParams data = data_params(core, a, plan);
-  const bool one_launch = core.ranks_on_gpu() == 1;
+  const bool one_launch = core.one_launch();
   // Eager calls launch through the buffer's graph (ops/op_graph.hpp); TURNOUT_OP_GRAPHS=0: one by one.
   static const bool graphs = switched_on("TURNOUT_OP_GRAPHS");
   if (graphs && !capturing(stream)) {
