@@ -11,6 +11,10 @@
 #   SKIP_TEST_SH=1         skip scripts/test.sh (the build still happens)
 #   BASELINE=DIR           also bench an earlier tree (a copy of it in DIR, e.g. from
 #                          `git archive REV`) with this tree's bench, in the same run
+#   BASELINE_OWN_BENCH=1   with BASELINE: the earlier tree's own bench, for a library whose native
+#                          calls this tree's bench no longer makes (the 2026-11-26 code's)
+#   BASELINE_BENCH_ARGS="intranode layout"  with BASELINE: what it benches (default: BENCH_ARGS),
+#                          for an older bench's subcommands and options
 #   RINGS=1                also bench this tree with every intranode op on its rings
 #                          (TURNOUT_COMBINE_STAGES=0 TURNOUT_DISPATCH_LANDING=0), before and
 #                          after the default bench, into bench-rings-{1,2}.json
@@ -77,13 +81,13 @@ for n in "${shared_list[@]}"; do suite_lines+=("$(cat "$out/shared-$n.line")"); 
 bench_status=skipped
 baseline_status=skipped
 if [ "$bench_args" != none ] && [ -n "${BASELINE:-}" ]; then
-  # The earlier library with this tree's bench over it: both sides time the same figures.
+  # The earlier library with this tree's bench over it (both sides time the same figures), or with its own.
   site=/tmp/turnout-baseline
   rm -rf "$site" && python3 -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps \
     --target "$site" "$(cd "$BASELINE" && pwd)" -Cbuild-dir=/tmp/turnout-baseline-build > "$out/baseline-build.log" 2>&1 &&
-    rm -rf "$site/turnout/bench" && cp -r python/turnout/bench "$site/turnout/bench" &&
-    (cd /tmp && PYTHONPATH="$site" python3 -m turnout.bench $bench_args --json "$out/bench-baseline.json") \
-      > "$out/bench-baseline.log" 2>&1
+    { [ -n "${BASELINE_OWN_BENCH:-}" ] || { rm -rf "$site/turnout/bench" && cp -r python/turnout/bench "$site/turnout/bench"; }; } &&
+    (cd /tmp && PYTHONPATH="$site" python3 -m turnout.bench ${BASELINE_BENCH_ARGS:-$bench_args} \
+      --json "$out/bench-baseline.json") > "$out/bench-baseline.log" 2>&1
   baseline_status=$?
 fi
 rings_status=skipped

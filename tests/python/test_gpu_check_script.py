@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh driven through a fake nvidia-smi and python3 (no GPU
 here): its shared-GPU runs side by side, one GPU each, where the host has a
-GPU for each rank count, else in turns on GPU 0; and GRAPHS_OFF's second
-bench with the calls one by one."""
+GPU for each rank count, else in turns on GPU 0; GRAPHS_OFF's second bench
+with the calls one by one; and BASELINE's bench of an earlier tree, with this
+tree's bench or its own."""
 import os
 import subprocess
 from pathlib import Path
@@ -116,3 +117,60 @@ def test_without_graphs_off_one_bench(tmp_path):
     runs, stdout = bench_runs(tmp_path, graphs_off=False)
     assert len(runs) == 1 and runs[0].startswith("- -m turnout.bench host"), runs
     assert "graphs-off bench: skipped" in stdout
+
+
+# Installs a fake tree (`pip install --target`): its bench marked as its own. Records each bench run:
+# whose bench ran ("own" or "this") and its arguments.
+FAKE_BASELINE_PYTHON = """#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = pip ]; then
+  while [ $# -gt 0 ]; do [ "$1" = --target ] && target=$2; shift; done
+  mkdir -p "$target/turnout/bench" && touch "$target/turnout/bench/own"
+elif [ "$1" = -m ] && [ "$2" = turnout.bench ]; then
+  whose=this; [ -n "$PYTHONPATH" ] && [ -f "$PYTHONPATH/turnout/bench/own" ] && whose=own
+  echo "${{PYTHONPATH:--}} $whose $*" >> "{record}"
+fi
+exit 0
+"""
+
+
+def baseline_runs(tmp_path: Path, **extra):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "bench.txt"
+    for name, text in (("nvidia-smi", FAKE_SMI.format(gpus=1)),
+                       ("python3", FAKE_BASELINE_PYTHON.format(record=record))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               SKIP_TEST_SH="1", SUITE_RANKS="", SHARED_RANKS="", BENCH_ARGS="intranode host --bind-cpus",
+               BASELINE=str(earlier), **extra)
+    for name in ("GRAPHS_OFF", "RINGS", "BASELINE_OWN_BENCH", "BASELINE_BENCH_ARGS"):
+        if name not in extra:
+            env.pop(name, None)
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [line.split(" ", 2) for line in record.read_text().splitlines()], done.stdout
+
+
+def test_baseline_runs_this_trees_bench_over_the_earlier_library(tmp_path):
+    runs, stdout = baseline_runs(tmp_path)
+    assert len(runs) == 2, runs
+    site, whose, args = runs[0]
+    assert site != "-" and whose == "this", runs[0]
+    assert args.startswith("-m turnout.bench intranode host --bind-cpus --json "), args
+    assert args.endswith("/bench-baseline.json"), args
+    assert runs[1][0] == "-" and runs[1][2].endswith("/bench.json"), runs[1]
+    assert "baseline bench: exit 0" in stdout
+
+
+def test_baseline_with_its_own_bench_and_arguments(tmp_path):
+    runs, stdout = baseline_runs(tmp_path, BASELINE_OWN_BENCH="1", BASELINE_BENCH_ARGS="intranode layout")
+    assert len(runs) == 2, runs
+    site, whose, args = runs[0]
+    assert site != "-" and whose == "own", runs[0]
+    assert args.startswith("-m turnout.bench intranode layout --json ") and args.endswith("/bench-baseline.json")
+    assert runs[1][0] == "-" and runs[1][2].startswith("-m turnout.bench intranode host --bind-cpus --json ")
+    assert "baseline bench: exit 0" in stdout
