@@ -141,21 +141,20 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
                     handle[3].data_ptr(), handle[4].data_ptr(), tokens, config, combined_x.data_ptr(), 0,
                     *handle._own_rows, caller, None, None)
     default_layout = dict(layout, config=config_for(DEFAULT_SMS))
-    # (call, whether it waits for the counts on the host, SMs); the joins are what a
+    # (call, whether it waits for the counts on the host); the joins are what a
     # plain op paid before it ran on the caller's stream, and one on a stream switch does.
-    calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False, MAIN_SMS),
-             "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False, MAIN_SMS),
-             "dispatch bf16, outputs only": (outputs, False, MAIN_SMS),
-             "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True, MAIN_SMS),
-             "dispatch bf16, counts waited for, landing": (lambda: buffer.dispatch(x, **default_layout), True,
-                                                           DEFAULT_SMS),
-             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False, MAIN_SMS),
-             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[2], config=config), False,
-                                             MAIN_SMS),
-             "combine bf16, native call only": (lambda: native.combine(*combine_args), False, MAIN_SMS),
-             "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False, MAIN_SMS)}
+    calls = {"dispatch bf16": (lambda: buffer.dispatch(x, num_worst_tokens=worst, **layout), False),
+             "dispatch bf16, native call only": (lambda: native.dispatch_known_rows(*dispatch_args), False),
+             "dispatch bf16, outputs only": (outputs, False),
+             "dispatch bf16, counts waited for": (lambda: buffer.dispatch(x, **layout), True),
+             "dispatch bf16, counts waited for, landing": (lambda: buffer.dispatch(x, **default_layout), True),
+             "combine bf16": (lambda: buffer.combine(out[0], out[4], config=config), False),
+             "combine bf16, top-k weights": (lambda: buffer.combine(out[0], out[4], out[2], config=config), False),
+             "combine bf16, native call only": (lambda: native.combine(*combine_args), False),
+             "stream joins only": (lambda: (native.join(comm, caller), native.join(caller, comm)), False)}
+    sms_of = {"dispatch bf16, counts waited for, landing": DEFAULT_SMS}  # the others: MAIN_SMS
     rows = []
-    for op, (fn, waits, num_sms) in calls.items():
+    for op, (fn, waits) in calls.items():
         if only is not None and op not in only:
             continue
         first, warm = [], []
@@ -168,6 +167,7 @@ def host_times(buffer: Buffer, iters: int, only: Optional[Collection[str]] = Non
                 host_s = time.perf_counter() - start - (native.last_host_wait_s if waits else 0)
                 (warm if i else first).append(host_s * 1e6)
         torch.cuda.synchronize()
+        num_sms = sms_of.get(op, MAIN_SMS)
         rows.append({"bench": "intranode", "op": f"{op} (host)", "tokens": tokens, "num_sms": num_sms,
                      "sms_used": min(num_sms, native.sm_budget), "host_us": statistics.median(warm),
                      "host_us_after_sync": statistics.median(first)})
